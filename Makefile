@@ -1,0 +1,44 @@
+# sao-harness. Every target depends on `setup` (idempotent: a stamp keyed on pyproject.toml's hash).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+SAO := $(VENV)/bin/sao
+CONFIG ?= configs/local.yaml
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+
+.PHONY: setup docker images test demo rollout-swe train value-pretrain eval bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+docker: setup          ## start (or find) a Docker engine and build the base image
+	@$(SAO) docker up
+	@$(SAO) docker base
+
+images: docker         ## build the bundled tasks' images (offline, cached)
+	@$(SAO) tasks build --task-repo tasks/bundled
+
+test: setup docker     ## the test suite (CI runs this)
+	@$(PY) -m pytest -q --timeout=900
+
+demo: setup docker     ## the main job on the embedded default: rollout, train, eval
+	@$(SAO) demo --config $(CONFIG)
+
+rollout-swe: setup docker
+	@$(SAO) rollout --config $(CONFIG)
+
+train: setup docker
+	@$(SAO) train --config $(CONFIG)
+
+value-pretrain: setup
+	@$(SAO) value-pretrain --config $(CONFIG)
+
+eval: setup docker
+	@$(SAO) eval --config $(CONFIG)
+
+bench: setup docker    ## benchmarks: each prints its figures and targets
+	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f; done
+
+clean:                 ## remove the venv, caches and run directories (not Docker images)
+	rm -rf $(VENV) .cache runs .pytest_cache *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

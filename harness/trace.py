@@ -1,0 +1,214 @@
+"""The trace format: a trajectory is an ordered list of observation and action segments.
+
+Per token: id, is_action, rollout logprob (actions only), policy version (actions only).
+Per trajectory: traj_id, task_id, status, reward, turns, patch, grading result, timings, metadata.
+
+In Parquet a trajectory is one row; the per-token lists are the columns ``token_ids``,
+``is_action``, ``logp_rollout`` and ``policy_version`` (null at observation tokens), segment
+boundaries are ``segment_kinds`` / ``segment_lengths``, and ``breaks`` lists the token indices where
+the proxy had to start a new sequence (the client's history stopped being append-only).
+"""
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pyarrow as pa
+
+SegmentKind = Literal["observation", "action"]
+STATUSES = ("ok", "truncated_turns", "truncated_context", "agent_error", "infra_error", "stale")
+REWARDED_STATUSES = ("ok", "truncated_turns", "truncated_context")
+
+
+class TraceError(ValueError):
+    """An invalid trajectory; the message names the trajectory and the field."""
+
+
+@dataclass
+class Segment:
+    kind: SegmentKind
+    token_ids: list[int]
+    logp_rollout: list[float] | None = None  # action segments: the engine's logprob of each token
+    policy_version: list[int] | None = None  # action segments: the policy version that sampled it
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    segments: list[Segment] = field(default_factory=list)
+    status: str = "ok"
+    reward: float | None = None
+    turns: int = 0
+    patch: str = ""
+    grading: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    breaks: list[int] = field(default_factory=list)
+    traj_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    # --- flat per-token views -------------------------------------------------------------
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    @property
+    def is_action(self) -> list[bool]:
+        return [s.kind == "action" for s in self.segments for _ in s.token_ids]
+
+    @property
+    def logp_rollout(self) -> list[float | None]:
+        return [x for s in self.segments for x in (s.logp_rollout if s.kind == "action" else [None] * len(s))]
+
+    @property
+    def policy_version(self) -> list[int | None]:
+        return [x for s in self.segments for x in (s.policy_version if s.kind == "action" else [None] * len(s))]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(len(s) for s in self.segments if s.kind == "action")
+
+    @property
+    def versions(self) -> list[int]:
+        """Sorted distinct policy versions that sampled this trajectory's action tokens."""
+        return sorted({v for s in self.segments if s.kind == "action" for v in s.policy_version})
+
+    # --- validation -----------------------------------------------------------------------
+    def validate(self) -> "Trajectory":
+        """Raise TraceError naming the field if this trajectory is malformed; return self."""
+        where = f"trajectory {self.traj_id} (task {self.task_id})"
+        if not self.traj_id or not isinstance(self.traj_id, str):
+            raise TraceError(f"{where}: field 'traj_id' must be a non-empty string")
+        if not self.task_id or not isinstance(self.task_id, str):
+            raise TraceError(f"{where}: field 'task_id' must be a non-empty string")
+        if self.status not in STATUSES:
+            raise TraceError(f"{where}: field 'status' is {self.status!r}, expected one of {', '.join(STATUSES)}")
+        if self.reward is not None:
+            if self.status not in REWARDED_STATUSES:
+                raise TraceError(f"{where}: field 'reward' must be null when status is {self.status!r} "
+                                 f"(an {self.status} is never a reward)")
+            if not isinstance(self.reward, (int, float)) or not math.isfinite(self.reward):
+                raise TraceError(f"{where}: field 'reward' must be a finite number, got {self.reward!r}")
+        if self.turns < 0:
+            raise TraceError(f"{where}: field 'turns' must be >= 0, got {self.turns}")
+        for i, s in enumerate(self.segments):
+            seg = f"{where}: segment {i} ({s.kind})"
+            if s.kind not in ("observation", "action"):
+                raise TraceError(f"{seg}: field 'kind' must be 'observation' or 'action'")
+            if any((not isinstance(t, int)) or t < 0 for t in s.token_ids):
+                raise TraceError(f"{seg}: field 'token_ids' must hold non-negative integers")
+            if s.kind == "action":
+                if s.logp_rollout is None:
+                    raise TraceError(f"{seg}: action tokens without 'logp_rollout'")
+                if s.policy_version is None:
+                    raise TraceError(f"{seg}: action tokens without 'policy_version'")
+                if len(s.logp_rollout) != len(s.token_ids):
+                    raise TraceError(f"{seg}: length mismatch: 'logp_rollout' has {len(s.logp_rollout)} "
+                                     f"entries for {len(s.token_ids)} tokens")
+                if len(s.policy_version) != len(s.token_ids):
+                    raise TraceError(f"{seg}: length mismatch: 'policy_version' has {len(s.policy_version)} "
+                                     f"entries for {len(s.token_ids)} tokens")
+                if any(x is None or not math.isfinite(x) or x > 1e-6 for x in s.logp_rollout):
+                    raise TraceError(f"{seg}: field 'logp_rollout' must hold finite log-probabilities (<= 0)")
+                if any(v is None or v < 0 for v in s.policy_version):
+                    raise TraceError(f"{seg}: field 'policy_version' must hold non-negative integers")
+            else:
+                if s.logp_rollout is not None or s.policy_version is not None:
+                    raise TraceError(f"{seg}: observation tokens must not carry 'logp_rollout' or 'policy_version'")
+        n = self.num_tokens
+        for b in self.breaks:
+            if not 0 < b < n:
+                raise TraceError(f"{where}: field 'breaks' holds {b}, outside the token range (0, {n})")
+        return self
+
+    # --- Parquet rows ---------------------------------------------------------------------
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "traj_id": self.traj_id,
+            "task_id": self.task_id,
+            "status": self.status,
+            "reward": None if self.reward is None else float(self.reward),
+            "turns": int(self.turns),
+            "num_tokens": self.num_tokens,
+            "num_action_tokens": self.num_action_tokens,
+            "token_ids": self.token_ids,
+            "is_action": self.is_action,
+            "logp_rollout": self.logp_rollout,
+            "policy_version": self.policy_version,
+            "segment_kinds": [s.kind for s in self.segments],
+            "segment_lengths": [len(s) for s in self.segments],
+            "breaks": list(self.breaks),
+            "patch": self.patch,
+            "grading": json.dumps(self.grading) if self.grading is not None else None,
+            "timings": json.dumps(self.timings),
+            "metadata": json.dumps(self.metadata),
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "Trajectory":
+        where = f"trace row {row.get('traj_id', '?')}"
+        for col in ("token_ids", "is_action", "logp_rollout", "policy_version", "segment_kinds", "segment_lengths"):
+            if row.get(col) is None:
+                raise TraceError(f"{where}: missing column '{col}'")
+        n = len(row["token_ids"])
+        for col in ("is_action", "logp_rollout", "policy_version"):
+            if len(row[col]) != n:
+                raise TraceError(f"{where}: length mismatch: '{col}' has {len(row[col])} entries for {n} tokens")
+        if sum(row["segment_lengths"]) != n:
+            raise TraceError(f"{where}: length mismatch: 'segment_lengths' sum to {sum(row['segment_lengths'])}, "
+                             f"not {n} tokens")
+        segments, pos = [], 0
+        for kind, length in zip(row["segment_kinds"], row["segment_lengths"]):
+            sl = slice(pos, pos + length)
+            flags = row["is_action"][sl]
+            if any(f != (kind == "action") for f in flags):
+                raise TraceError(f"{where}: 'is_action' disagrees with segment kind {kind!r} at tokens {pos}..{pos + length}")
+            if kind == "action":
+                segments.append(Segment("action", list(row["token_ids"][sl]), list(row["logp_rollout"][sl]),
+                                        list(row["policy_version"][sl])))
+            else:
+                segments.append(Segment("observation", list(row["token_ids"][sl])))
+            pos += length
+        return cls(
+            traj_id=row["traj_id"], task_id=row["task_id"], segments=segments, status=row["status"],
+            reward=row.get("reward"), turns=row.get("turns") or 0, patch=row.get("patch") or "",
+            grading=json.loads(row["grading"]) if row.get("grading") else None,
+            timings=json.loads(row.get("timings") or "{}"), metadata=json.loads(row.get("metadata") or "{}"),
+            breaks=list(row.get("breaks") or []),
+        ).validate()
+
+
+SCHEMA = pa.schema([
+    ("traj_id", pa.string()),
+    ("task_id", pa.string()),
+    ("status", pa.string()),
+    ("reward", pa.float64()),
+    ("turns", pa.int32()),
+    ("num_tokens", pa.int64()),
+    ("num_action_tokens", pa.int64()),
+    ("token_ids", pa.list_(pa.int32())),
+    ("is_action", pa.list_(pa.bool_())),
+    ("logp_rollout", pa.list_(pa.float32())),
+    ("policy_version", pa.list_(pa.int32())),
+    ("segment_kinds", pa.list_(pa.string())),
+    ("segment_lengths", pa.list_(pa.int32())),
+    ("breaks", pa.list_(pa.int32())),
+    ("patch", pa.string()),
+    ("grading", pa.string()),  # JSON
+    ("timings", pa.string()),  # JSON
+    ("metadata", pa.string()),  # JSON
+])
+
+
+def to_table(trajectories: list[Trajectory]) -> pa.Table:
+    rows = [t.validate().to_row() for t in trajectories]
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
