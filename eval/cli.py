@@ -1,0 +1,211 @@
+"""`sao eval ...`: grading now (step 3); the agent evaluation later (step 8).
+
+- ``sao eval --config F``: run the agent on an evaluation set (not built yet).
+- ``sao eval grade --dataset FILE --predictions FILE.jsonl|gold [--run-id ID] [--instances ID...]``:
+  grade predictions against any swebench 5.x dataset (jsonl / parquet / task-repo dir / ``bundled``)
+  whose images exist locally, with the official harness; official and guarded verdicts. Writes
+  swebench's summary JSON (``<run_dir>/<model>.<run_id>.json``, untouched) and ours
+  (``<run_dir>/grade.json``); the last line is ``resolved: N/M guarded, K/M official``.
+- ``sao eval compare``: compare evaluation runs (not built yet).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from harness.errors import NotBuiltYet, UserError
+
+
+def _agent_eval(args):
+    raise NotBuiltYet("build step 8: agent evaluation (`sao eval grade` grades existing predictions)")
+
+
+def _compare(args):
+    raise NotBuiltYet("build step 8: comparing evaluation runs")
+
+
+def read_predictions(path: str, tasks_by_id: dict) -> tuple[list[dict], list[str]]:
+    """(valid predictions, one error line per bad prediction line)."""
+    from eval.guard import InvalidPatch, parse_patch
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"predictions file not found: {p}")
+    if p.suffix == ".json":
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"{p}: not valid JSON ({e.msg})") from None
+        items = list(data.values()) if isinstance(data, dict) else data
+        if not isinstance(items, list):
+            raise UserError(f"{p}: expected a list of predictions")
+        lines = [(i, item, None) for i, item in enumerate(items, 1)]
+    else:
+        lines = []
+        for i, text in enumerate(p.read_text().splitlines(), 1):
+            if not text.strip():
+                continue
+            try:
+                lines.append((i, json.loads(text), None))
+            except json.JSONDecodeError as e:
+                lines.append((i, None, f"not valid JSON ({e.msg})"))
+    preds, errors, seen = [], [], set()
+    for n, item, err in lines:
+        where = f"{p}:{n}"
+        if err is None and not isinstance(item, dict):
+            err = f"a prediction must be a JSON object, got {type(item).__name__}"
+        if err is None:
+            iid = item.get("instance_id")
+            missing = [k for k in ("instance_id", "model_name_or_path", "model_patch") if k not in item]
+            if missing:
+                err = f"missing field {', '.join(repr(m) for m in missing)}"
+            elif not isinstance(iid, str) or iid not in tasks_by_id:
+                err = f"unknown instance {iid!r} (not in the dataset)"
+            elif item["model_patch"] is not None and not isinstance(item["model_patch"], str):
+                err = f"instance {iid}: field 'model_patch' must be a string, got {type(item['model_patch']).__name__}"
+            else:
+                try:
+                    parse_patch(item["model_patch"] or "")
+                except InvalidPatch as e:
+                    err = f"instance {iid}: field 'model_patch' is not valid patch text: {e}"
+            if err is None and iid in seen:
+                err = f"instance {iid} predicted twice (only the first is graded)"
+        if err:
+            errors.append(f"{where}: {err}")
+            continue
+        seen.add(item["instance_id"])
+        preds.append({"instance_id": item["instance_id"], "model_name_or_path": str(item["model_name_or_path"]),
+                      "model_patch": item["model_patch"] or ""})
+    return preds, errors
+
+
+def cmd_grade(args) -> int:
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eval.grade import INFRA, RESOLVED, LOG_ROOT, RUN_ID_RE, grade, image_exists, new_run_id
+    from tasks.loaders import load_tasks_lenient
+
+    from tasks.cli import apply_late_overrides
+
+    apply_late_overrides(args)
+    cfg = args.cfg
+    dataset = args.dataset or cfg.eval.dataset
+    tasks, bad_rows = load_tasks_lenient(dataset, split=cfg.eval.split, adapter="auto")
+    bad_by_id = {e.instance_id: e for e in bad_rows}
+    tasks_by_id = {t.instance_id: t for t in tasks}
+    known = dict(tasks_by_id, **{k: None for k in bad_by_id if k})
+    if args.predictions == "gold":
+        preds = [{"instance_id": t.instance_id, "model_name_or_path": "gold", "model_patch": t.patch} for t in tasks]
+        line_errors = []
+    else:
+        preds, line_errors = read_predictions(args.predictions, known)
+    if args.instances:
+        unknown = [i for i in args.instances if i not in known]
+        if unknown:
+            raise UserError(f"--instances: not in {dataset}: {' '.join(unknown)}")
+        preds = [p for p in preds if p["instance_id"] in set(args.instances)]
+    run_id = args.run_id or new_run_id("grade")
+    if not RUN_ID_RE.match(run_id):
+        raise UserError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-'")
+    run_dir = Path(cfg.run.dir)
+    log_root = run_dir / "logs" / "run_evaluation"
+    if (log_root / run_id).exists() or (log_root / f"{run_id}.guarded").exists():
+        raise UserError(f"--run-id {run_id}: {log_root / run_id} already exists (swebench would skip its "
+                        "reported instances); pick a fresh run id")
+    for msg in line_errors:
+        print(f"error: {msg}")
+    from envs.engine import ensure_engine
+
+    client = ensure_engine(cfg.docker)
+    results: dict[str, dict] = {}
+    instance_errors: dict[str, str] = {}
+    todo = []
+    for p in preds:
+        iid = p["instance_id"]
+        task = tasks_by_id.get(iid)
+        if task is None:
+            instance_errors[iid] = str(bad_by_id[iid])
+        elif not task.gradable:
+            instance_errors[iid] = f"task {iid}: not gradable here: " + "; ".join(task.grading_gaps() + task.notes)
+        elif not image_exists(client, task.image):
+            instance_errors[iid] = (f"task {iid}: image {task.image} not found locally (build it: "
+                                    "sao tasks build --task-repo DIR)")
+        else:
+            todo.append((task, p))
+    for iid, msg in instance_errors.items():
+        print(f"error: {msg}")
+    t0 = time.monotonic()
+    print(f"grading {len(todo)} prediction(s) from {args.predictions} against {dataset} "
+          f"(run id {run_id}, {cfg.eval.max_workers} at a time, guard {'on' if cfg.eval.guard else 'off'})", flush=True)
+
+    def one(item):
+        task, p = item
+        return task.instance_id, grade(task, p["model_patch"], run_id=run_id, timeout=cfg.eval.grade_timeout_s,
+                                       client=client, guard=cfg.eval.guard, model=p["model_name_or_path"],
+                                       log_root=log_root)
+
+    with ThreadPoolExecutor(max_workers=cfg.eval.max_workers) as pool:
+        for iid, r in pool.map(one, todo):
+            results[iid] = r.to_dict()
+            extra = f" stripped: {', '.join(r.stripped_files)}" if r.stripped_files else ""
+            err = f" ({r.error})" if r.error else ""
+            print(f"  {iid}: official {r.official_status}, guarded {r.status}, hacking attempts "
+                  f"{r.hacking_attempts}, {r.seconds:.1f} s{extra}{err}", flush=True)
+    swebench_report = None
+    if preds:
+        from swebench.harness.reporting import make_run_report
+
+        graded_ids = set(results)
+        full = [t.to_row() for t in tasks]
+        official_preds = {p["instance_id"]: p for p in preds if p["instance_id"] in graded_ids}
+        if official_preds:
+            with LOG_ROOT.use(log_root):
+                swebench_report = str(make_run_report(official_preds, full, run_id, None, str(run_dir)))
+    m = len(preds)
+    n_guarded = sum(r["status"] == RESOLVED for r in results.values())
+    n_official = sum(r["official_status"] == RESOLVED for r in results.values())
+    infra = sorted(i for i, r in results.items() if r["status"] == INFRA or r["official_status"] == INFRA)
+    summary = {
+        "run_id": run_id, "dataset": dataset, "predictions": args.predictions, "guard": cfg.eval.guard,
+        "swebench_report": swebench_report, "log_root": str(log_root), "seconds": round(time.monotonic() - t0, 2),
+        "submitted": m, "graded": len(results), "resolved_guarded": n_guarded, "resolved_official": n_official,
+        "hacking_attempts": {i: r["hacking_attempts"] for i, r in results.items() if r["hacking_attempts"]},
+        "infra_failures": infra, "instance_errors": instance_errors, "line_errors": line_errors,
+        "instances": results,
+    }
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / "grade.json"
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(out)
+    print(f"grade report: {out}" + (f"; swebench report: {swebench_report}" if swebench_report else ""))
+    if infra:
+        print(f"infra failures (no verdict, never a reward): {', '.join(infra)}")
+    print(f"resolved: {n_guarded}/{m} guarded, {n_official}/{m} official")
+    sys.stdout.flush()
+    return 1 if (line_errors or instance_errors or infra) else 0
+
+
+def register(sub, add_config_args):
+    from tasks.cli import IdsAction
+
+    p = sub.add_parser("eval", help="evaluate: grade predictions with swebench (grade), run the agent (later)")
+    p.add_argument("--config", metavar="FILE.yaml", default=None, help="run config (agent evaluation)")
+    p.set_defaults(func=_agent_eval, takes_config=True, overrides=[])
+    esub = p.add_subparsers(dest="eval_command", metavar="SUBCOMMAND")
+
+    q = esub.add_parser("grade", help="grade a predictions file with the official swebench harness (+ guard)")
+    q.add_argument("--dataset", metavar="FILE", help="swebench 5.x dataset: .jsonl/.parquet, a task repo dir, "
+                   "or 'bundled' (default: eval.dataset)")
+    q.add_argument("--predictions", metavar="FILE.jsonl|gold", required=True,
+                   help="predictions (instance_id, model_name_or_path, model_patch per line) or 'gold'")
+    q.add_argument("--run-id", metavar="ID", help="swebench run id (default: a fresh one)")
+    q.add_argument("--instances", nargs="+", action=IdsAction, metavar="ID", help="only these instance ids")
+    add_config_args(q)
+    q.set_defaults(func=cmd_grade)
+
+    q = esub.add_parser("compare", help="compare evaluation runs (build step 8)")
+    add_config_args(q)
+    q.set_defaults(func=_compare)

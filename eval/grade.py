@@ -1,0 +1,268 @@
+"""Grade a patch with the official swebench harness, in a fresh container from the task image.
+
+``grade(task, patch, *, run_id, timeout) -> GradeResult`` is the RL reward and the evaluator's
+verdict. It runs ``swebench.harness.run_evaluation.run_instance`` (swebench's own patch application,
+eval script, log parser and ``get_eval_report``) twice: the official verdict on the raw patch and
+the guarded verdict on the patch without test / test-config changes (``eval.guard``); once when the
+guard stripped nothing. Status (of the guarded verdict, which sets the reward):
+
+    resolved | unresolved | empty | patch_does_not_apply | infra_failure
+
+``reward`` is 1.0 / 0.0, and None for an infra failure (Docker trouble, a missing image, a
+timeout): an infra failure is never a reward of 0. swebench's own advisory ``infra_failure`` flag
+(log signatures such as "Could not resolve host", text a patch can print) is reported in ``error``
+but does not change the verdict.
+
+Local runs: every swebench eval container (``sweb.eval.*``) is created with ``network_mode="none"``,
+without the ``SYS_ADMIN`` capability swebench adds, with ``stop_signal=SIGKILL`` (so cleanup does
+not wait 15 s on ``tail -f``), through a wrapper on ``ContainerCollection.create`` (patching
+``client.containers.create`` does not work: ``.containers`` is a new object on each access).
+Each grading uses a fresh swebench run id (swebench skips an instance whose report exists).
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+import uuid
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eval.guard import InvalidPatch, strip_test_changes
+
+RESOLVED = "resolved"
+UNRESOLVED = "unresolved"
+EMPTY = "empty"
+NO_APPLY = "patch_does_not_apply"
+INFRA = "infra_failure"
+STATUSES = (RESOLVED, UNRESOLVED, EMPTY, NO_APPLY, INFRA)
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DEFAULT_LOG_ROOT = Path("logs/run_evaluation")  # swebench's own default, made absolute at use
+
+
+@dataclass
+class Verdict:
+    """One swebench run: its status, swebench's per-instance report and where its logs are."""
+
+    status: str
+    report: dict | None = None
+    log_dir: str | None = None
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def resolved(self) -> bool | None:
+        return None if self.status == INFRA else self.status == RESOLVED
+
+
+@dataclass
+class GradeResult:
+    instance_id: str
+    status: str  # the guarded verdict (sets the reward)
+    official_status: str
+    resolved_official: bool | None
+    resolved_guarded: bool | None
+    reward: float | None
+    hacking_attempts: int = 0
+    stripped_files: list[str] = field(default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)  # {"official": ..., "guarded": ...} swebench reports
+    log_dir: str | None = None
+    seconds: float = 0.0
+    error: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- process-wide plumbing around swebench ---------------------------------------------------
+_wrap_lock = threading.Lock()
+_wrapped = False
+
+
+def force_network_none() -> None:
+    """Wrap ``ContainerCollection.create`` once: swebench eval containers get no network (see doc)."""
+    global _wrapped
+    with _wrap_lock:
+        if _wrapped:
+            return
+        from docker.models.containers import ContainerCollection
+
+        original = ContainerCollection.create
+
+        def create(self, image, command=None, **kwargs):
+            if str(kwargs.get("name", "")).startswith("sweb.eval."):
+                kwargs["network_mode"] = "none"
+                kwargs.pop("network", None)
+                kwargs["cap_add"] = [c for c in kwargs.get("cap_add") or [] if c != "SYS_ADMIN"] or None
+                kwargs.setdefault("stop_signal", "SIGKILL")
+                labels = dict(kwargs.get("labels") or {})
+                labels.setdefault("sao-harness.owner", "grade")
+                kwargs["labels"] = labels
+            return original(self, image, command, **kwargs)
+
+        create.__wrapped__ = original  # type: ignore[attr-defined]
+        ContainerCollection.create = create
+        _wrapped = True
+
+
+class _LogRoot:
+    """swebench writes under the module global RUN_EVALUATION_LOG_DIR; point it at one absolute root
+    while gradings that use it are in flight (a different root waits for them to finish)."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.root: Path | None = None
+        self.users = 0
+
+    @contextmanager
+    def use(self, root: Path):
+        import swebench.harness.reporting as reporting
+        import swebench.harness.run_evaluation as run_evaluation
+
+        root = Path(root).resolve()
+        with self.cond:
+            while self.users and self.root != root:
+                self.cond.wait()
+            self.root = root
+            self.users += 1
+            run_evaluation.RUN_EVALUATION_LOG_DIR = root
+            reporting.RUN_EVALUATION_LOG_DIR = root
+        try:
+            yield root
+        finally:
+            with self.cond:
+                self.users -= 1
+                self.cond.notify_all()
+
+
+LOG_ROOT = _LogRoot()
+# swebench names its logger after the instance, so two concurrent runs of one instance would write
+# into each other's logs (and their patch-apply verdicts read from those logs): one at a time.
+_instance_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+_instance_locks_guard = threading.Lock()
+
+
+def _instance_lock(instance_id: str) -> threading.Lock:
+    with _instance_locks_guard:
+        return _instance_locks[instance_id]
+_client_lock = threading.Lock()
+_client = None
+
+
+def default_client():
+    """Docker client of the project's engine (``envs.engine.ensure_engine``), made once."""
+    global _client
+    with _client_lock:
+        if _client is None:
+            from envs.config import DockerConfig
+            from envs.engine import ensure_engine
+
+            _client = ensure_engine(DockerConfig())
+        return _client
+
+
+def new_run_id(prefix: str = "sao") -> str:
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
+def image_exists(client, image: str) -> bool:
+    import docker
+
+    try:
+        client.images.get(image)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+# --- one swebench run ------------------------------------------------------------------------
+def run_swebench(task, patch: str, *, run_id: str, model: str = "sao", timeout: float = 1800,
+                 client=None, log_root: Path | str = DEFAULT_LOG_ROOT, skip_patch: bool = False) -> Verdict:
+    """One official swebench evaluation of ``patch`` on ``task`` (``skip_patch``: the unpatched repo)."""
+    from swebench.harness.constants import APPLY_PATCH_FAIL, LOG_INSTANCE, LOG_REPORT
+    from swebench.harness.run_evaluation import run_instance
+
+    t0 = time.monotonic()
+    if not skip_patch and not (patch or "").strip():
+        return Verdict(EMPTY)
+    if not RUN_ID_RE.match(run_id):
+        raise ValueError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' (it names containers)")
+    spec = task.test_spec()
+    try:
+        client = client or default_client()
+        present = image_exists(client, spec.image)
+    except Exception as e:  # engine gone, socket error: Docker trouble, not the patch's fault
+        return Verdict(INFRA, error=f"Docker engine: {type(e).__name__}: {e}", seconds=time.monotonic() - t0)
+    if not present:
+        return Verdict(INFRA, error=f"image {spec.image} not found locally (build it: sao tasks build --task-repo DIR)")
+    force_network_none()
+    pred = {"instance_id": task.instance_id, "model_name_or_path": model, "model_patch": patch or ""}
+    with _instance_lock(task.instance_id), LOG_ROOT.use(Path(log_root)) as root:
+        log_dir = root / run_id / model.replace("/", "__") / task.instance_id
+        if (log_dir / LOG_REPORT).exists():
+            raise ValueError(f"run id {run_id!r} already has a report at {log_dir / LOG_REPORT}; "
+                             "use a fresh run id (swebench would skip the instance)")
+        try:
+            result = run_instance(spec, pred, client, run_id, timeout=int(max(1, timeout)), skip_patch=skip_patch)
+        except Exception as e:  # run_instance catches most of its own errors; anything else is Docker trouble
+            return Verdict(INFRA, log_dir=str(log_dir), error=f"{type(e).__name__}: {e}",
+                           seconds=time.monotonic() - t0)
+    seconds = time.monotonic() - t0
+    if result is not None:
+        report = result[1][task.instance_id]
+        status = RESOLVED if report.get("resolved") else UNRESOLVED
+        # swebench's infra_failure flag is advisory and read from log text the patch controls (a patch
+        # can print "Could not resolve host"), so it never turns a verdict into "no reward"; noted only
+        err = f"swebench flags a likely infra failure: {report['infra_failure_reason']}" \
+            if report.get("infra_failure") else ""
+        return Verdict(status, report, str(log_dir), err, seconds)
+    log = log_dir / LOG_INSTANCE
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    if APPLY_PATCH_FAIL in text:
+        return Verdict(NO_APPLY, None, str(log_dir), "git apply and patch both rejected the patch", seconds)
+    if "Test timed out" in text:
+        return Verdict(INFRA, None, str(log_dir), f"eval script timed out after {timeout:g} s", seconds)
+    lines = [ln for ln in text.splitlines() if " - ERROR - " in ln or "Error" in ln]
+    return Verdict(INFRA, None, str(log_dir), (lines[-1] if lines else "swebench run failed") + f" (see {log})",
+                   seconds)
+
+
+# --- the reward ------------------------------------------------------------------------------
+def grade(task, patch: str, *, run_id: str | None = None, timeout: float = 1800, client=None,
+          guard: bool = True, model: str = "sao", log_root: Path | str = DEFAULT_LOG_ROOT) -> GradeResult:
+    """Official and guarded verdicts of ``patch`` on ``task`` (a ``Task`` or a swebench row dict; see
+    module doc). ``run_id`` must be fresh (default: a new one)."""
+    t0 = time.monotonic()
+    if isinstance(task, dict):
+        from tasks.model import Task
+
+        task = Task.from_row(task)
+    run_id = run_id or new_run_id()
+    patch = patch or ""
+    iid = task.instance_id
+    try:
+        guarded = strip_test_changes(patch, task.test_patch) if guard else None
+    except InvalidPatch as e:
+        return GradeResult(iid, NO_APPLY, NO_APPLY, False, False, 0.0, error=f"invalid patch: {e}",
+                           seconds=time.monotonic() - t0)
+    official = run_swebench(task, patch, run_id=run_id, model=model, timeout=timeout, client=client,
+                            log_root=log_root)
+    if guarded is None or not guarded.changed:
+        final = official
+    elif official.status == INFRA and official.error.startswith("image "):
+        final = official
+    else:
+        final = run_swebench(task, guarded.patch, run_id=f"{run_id}.guarded", model=model, timeout=timeout,
+                             client=client, log_root=log_root)
+    reward = None if final.status == INFRA else (1.0 if final.status == RESOLVED else 0.0)
+    errors = "; ".join(dict.fromkeys(e for e in (official.error, final.error) if e))
+    return GradeResult(
+        instance_id=iid, status=final.status, official_status=official.status,
+        resolved_official=official.resolved, resolved_guarded=final.resolved, reward=reward,
+        hacking_attempts=guarded.hacking_attempts if guarded else 0,
+        stripped_files=list(guarded.stripped_files) if guarded else [],
+        report={"official": official.report, "guarded": final.report},
+        log_dir=final.log_dir or official.log_dir, seconds=time.monotonic() - t0, error=errors)

@@ -1,0 +1,178 @@
+"""The task model: one SWE-bench 5.x row, validated, with errors that name the instance and field.
+
+A row carries the classic SWE-bench columns (``instance_id, repo, base_commit, patch, test_patch,
+problem_statement, hints_text, version, FAIL_TO_PASS, PASS_TO_PASS, ...``) and, in swebench 5.x,
+what grading needs: ``image, eval_script, log_parser, eval_type``. ``FAIL_TO_PASS`` /
+``PASS_TO_PASS`` may be JSON strings (classic SWE-bench) or lists; ``Task`` holds lists.
+
+A task without ``image``/``eval_script``/``log_parser``/``eval_type`` is still loadable (an agent can
+read it) but not gradable here: ``Task.grading_gaps()`` says what is missing, ``sao tasks check``
+reports it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.errors import UserError
+
+REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS")
+TEXT_FIELDS = ("patch", "test_patch", "hints_text", "version")
+GRADING_FIELDS = ("image", "eval_script", "log_parser", "eval_type")
+EVAL_TYPES = ("pass_and_fail", "fail_only")
+KNOWN = set(REQUIRED) | set(TEXT_FIELDS) | set(GRADING_FIELDS) | {"difficulty", "split"}
+
+
+class TaskError(UserError):
+    """A malformed task row: ``task ID: field 'NAME': what is wrong``."""
+
+    def __init__(self, instance_id: str | None, field_name: str | None, message: str):
+        where = f"task {instance_id or '?'}"
+        if field_name:
+            where += f": field '{field_name}'"
+        super().__init__(f"{where}: {message}")
+        self.instance_id = instance_id
+        self.field = field_name
+
+
+def parser_registry() -> dict:
+    """swebench's log parsers by name (imported lazily: swebench is heavy)."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    return PARSER_REGISTRY
+
+
+def _test_list(iid: str, name: str, value: Any) -> list[str]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise TaskError(iid, name, f"not valid JSON ({e.msg} at char {e.pos}): {value[:60]!r}") from None
+    if hasattr(value, "tolist"):  # numpy / pyarrow arrays from parquet
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise TaskError(iid, name, f"must be a list of test names (or its JSON text), got {type(value).__name__}")
+    if not all(isinstance(t, str) for t in value):
+        raise TaskError(iid, name, "holds something that is not a string")
+    return list(value)
+
+
+@dataclass
+class Task:
+    instance_id: str
+    repo: str
+    base_commit: str
+    problem_statement: str
+    FAIL_TO_PASS: list[str]
+    PASS_TO_PASS: list[str]
+    patch: str = ""
+    test_patch: str = ""
+    hints_text: str = ""
+    version: str = ""
+    image: str | None = None
+    eval_script: str | None = None
+    log_parser: str | None = None
+    eval_type: str | None = None
+    difficulty: str | None = None
+    split: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # every other column, kept verbatim
+    notes: list[str] = field(default_factory=list)  # what an adapter could not map
+
+    @property
+    def id(self) -> str:
+        return self.instance_id
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any], notes: list[str] | None = None) -> "Task":
+        """Validate ``row`` (a swebench-shaped dict); raise ``TaskError`` naming instance and field."""
+        if not isinstance(row, dict):
+            raise TaskError(None, None, f"row is a {type(row).__name__}, not a mapping")
+        iid = row.get("instance_id")
+        if not isinstance(iid, str) or not iid.strip():
+            raise TaskError(None, "instance_id", f"missing or not a non-empty string (got {iid!r})")
+        for name in REQUIRED:
+            if row.get(name) is None:
+                raise TaskError(iid, name, "missing")
+        for name in ("repo", "base_commit", "problem_statement"):
+            if not isinstance(row[name], str):
+                raise TaskError(iid, name, f"must be a string, got {type(row[name]).__name__}")
+        f2p = _test_list(iid, "FAIL_TO_PASS", row["FAIL_TO_PASS"])
+        p2p = _test_list(iid, "PASS_TO_PASS", row["PASS_TO_PASS"])
+        text = {}
+        for name in TEXT_FIELDS:
+            value = row.get(name)
+            if value is None:
+                value = ""
+            if name == "version" and isinstance(value, (int, float)):
+                value = str(value)
+            if not isinstance(value, str):
+                raise TaskError(iid, name, f"must be a string, got {type(value).__name__}")
+            text[name] = value
+        grading = {}
+        for name in GRADING_FIELDS:
+            value = row.get(name)
+            if value in ("", None):
+                value = None
+            elif not isinstance(value, str):
+                raise TaskError(iid, name, f"must be a string, got {type(value).__name__}")
+            grading[name] = value
+        if grading["log_parser"] is not None:
+            known = parser_registry()
+            if grading["log_parser"] not in known:
+                raise TaskError(iid, "log_parser", f"unknown log parser {grading['log_parser']!r}: not in swebench's "
+                                f"PARSER_REGISTRY (known: {', '.join(sorted(known))})")
+        if grading["eval_type"] is not None and grading["eval_type"] not in EVAL_TYPES:
+            raise TaskError(iid, "eval_type", f"{grading['eval_type']!r} is not one of {', '.join(EVAL_TYPES)}")
+        if grading["eval_script"] is not None:
+            from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
+
+            for marker in (START_TEST_OUTPUT, END_TEST_OUTPUT):
+                if marker not in grading["eval_script"]:
+                    raise TaskError(iid, "eval_script", f"has no {marker!r} marker, so its output cannot be graded")
+        for name in ("patch", "test_patch"):
+            if text[name] and "diff --git" not in text[name] and "\n+++ " not in text[name]:
+                raise TaskError(iid, name, "does not look like a unified diff")
+        difficulty = row.get("difficulty")
+        extra = {k: v for k, v in row.items() if k not in KNOWN}
+        return cls(instance_id=iid, repo=row["repo"], base_commit=row["base_commit"],
+                   problem_statement=row["problem_statement"], FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p, **text,
+                   **grading, difficulty=None if difficulty is None else str(difficulty),
+                   split=row.get("split"), extra=extra, notes=list(notes or []))
+
+    # --- what this task can be used for ----------------------------------------------------
+    def grading_gaps(self) -> list[str]:
+        """Why this task cannot be graded here (empty list = gradable)."""
+        gaps = [f"no {name}" for name in GRADING_FIELDS if getattr(self, name) is None]
+        if not self.FAIL_TO_PASS:
+            gaps.append("no FAIL_TO_PASS tests, so nothing decides resolution")
+        return gaps
+
+    @property
+    def gradable(self) -> bool:
+        return not self.grading_gaps()
+
+    def require_gradable(self) -> None:
+        gaps = self.grading_gaps()
+        if gaps:
+            raise TaskError(self.instance_id, None, "not gradable here: " + "; ".join(gaps + self.notes))
+
+    # --- swebench views ----------------------------------------------------------------------
+    def to_row(self) -> dict[str, Any]:
+        """The row as swebench 5.x expects it (lists for the test columns)."""
+        row = dict(self.extra)
+        row.update(instance_id=self.instance_id, repo=self.repo, base_commit=self.base_commit,
+                   patch=self.patch, test_patch=self.test_patch, problem_statement=self.problem_statement,
+                   hints_text=self.hints_text, version=self.version, FAIL_TO_PASS=list(self.FAIL_TO_PASS),
+                   PASS_TO_PASS=list(self.PASS_TO_PASS))
+        for name in GRADING_FIELDS + ("difficulty", "split"):
+            if getattr(self, name) is not None:
+                row[name] = getattr(self, name)
+        return row
+
+    def test_spec(self):
+        """swebench's TestSpec for this task (raises TaskError when not gradable)."""
+        self.require_gradable()
+        from swebench.harness.utils import make_test_spec
+
+        return make_test_spec(self.to_row())
