@@ -1,0 +1,1 @@
+"""Sources and generator of the bundled task suite (see README.md)."""

@@ -1,0 +1,37 @@
+"""minicfg: a small, dependency-free INI-style configuration parser."""
+
+from .config import DEFAULT_SECTION, Config, Section
+from .errors import (
+    ConfigError,
+    DuplicateKeyError,
+    InterpolationError,
+    MissingKeyError,
+    MissingSectionError,
+    ParseError,
+)
+
+__version__ = "0.3.0"
+
+__all__ = [
+    "DEFAULT_SECTION",
+    "Config",
+    "ConfigError",
+    "DuplicateKeyError",
+    "InterpolationError",
+    "MissingKeyError",
+    "MissingSectionError",
+    "ParseError",
+    "Section",
+    "load",
+    "loads",
+]
+
+
+def loads(text: str, **kwargs) -> Config:
+    """Parse a string; keyword arguments go to :meth:`Config.loads`."""
+    return Config.loads(text, **kwargs)
+
+
+def load(path, **kwargs) -> Config:
+    """Parse a file; keyword arguments go to :meth:`Config.load`."""
+    return Config.load(path, **kwargs)
