@@ -73,8 +73,11 @@ class ProxyConfig(Section):
 
 
 class AgentConfig(Section):
-    max_iterations: int = Field(300, gt=0)
-    max_nudges: int = Field(10, ge=0)
+    max_iterations: int = Field(300, gt=0)  # LLM turns per episode, nudges included
+    max_nudges: int = Field(10, ge=0)  # "please continue" replies to a turn without a tool call
+    stuck_detection: bool = True  # the SDK's stuck detector, as the official runner keeps it
+    no_change_timeout_s: int | None = None  # terminal "no new output" timeout; None = the SDK's 30 s
+    model: str = "openai/sao-policy"  # litellm route to the proxy; the proxy ignores the name
 
 
 class RolloutConfig(Section):

@@ -1,0 +1,478 @@
+"""The OpenHands agent of an episode: SDK ``LocalConversation``, LLM at the proxy, tools in the sandbox.
+
+Contract:
+- ``run_agent(sandbox, base_url=..., instruction=..., episode_id=..., task_id=..., settings=...)``
+  runs one episode's agent loop to its end and returns an ``AgentResult``; it never raises for what
+  happens inside the loop (LLM/proxy failures, sandbox failures, agent errors are classified in the
+  result), only for bad arguments or a sandbox that cannot be attached at all (``SandboxUnavailable``).
+- The agent is the SDK's ``Agent`` (``condenser=None``, the SDK's system prompt in CLI mode, tools
+  ``terminal``, ``file_editor``, ``finish``, ``think`` exactly as the SDK defines them); the LLM is
+  ``openhands.sdk.LLM`` at ``base_url`` (OpenAI-compatible) with ``X-Episode-Id`` / ``X-Task-Id``
+  headers, ``num_retries=0``, temperature / top_p / max_tokens (sent as ``max_completion_tokens``)
+  and top_k (in the body) sent; reasoning_effort, prompt_cache_key and cache markers never sent.
+- ``native_tool_calling`` True: OpenAI ``tools`` / ``tool_calls``; False: tool specs in the system
+  prompt, ``<function=...>`` blocks in text, ``stop=["</function"]``.
+- A reply without a tool call gets the official SWE-bench runner's "please continue" nudge, at most
+  ``max_nudges`` times; ``max_iterations`` bounds the LLM turns of the whole episode (nudges included).
+- End states: ``finish`` -> finished; the SDK's ``MaxIterationsReached`` -> hit_max_iterations; LLM,
+  proxy or HTTP failure -> error_kind ``infra`` (context-window overflow: ``context``); the sandbox
+  dying mid-episode -> ``infra`` before the next LLM request; other failures -> ``agent``;
+  ``AgentResult.status`` maps these onto the trace statuses.
+- ``instruction_for(problem_statement, base_commit)``: the OpenHands SWE-bench prompt.
+- The SDK is imported once per process (``load_sdk()``, lazily, ~5-7 s).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DEFAULT_MODEL = "openai/sao-policy"  # litellm's OpenAI-compatible route; the proxy ignores the name
+REPO_PATH = "/testbed"
+# Official runner (OpenHands/benchmarks, benchmarks/utils/fake_user_response.py): the reply to an agent
+# message that is not a tool call; from the second nudge on it also offers giving up.
+NUDGE = ("Please continue working on the task on whatever approach you think is suitable.\n"
+         "When you think you have solved the question, please use the finish tool and include your final "
+         "answer in the message parameter of the finish tool.\n"
+         "IMPORTANT: YOU SHOULD NEVER ASK FOR HUMAN HELP.\n")
+NUDGE_GIVE_UP = 'If you want to give up, use the "finish" tool to finish the interaction.\n'
+# Official runner's SWE-bench prompt (OpenHands/benchmarks, benchmarks/swebench/prompts/default.j2).
+INSTRUCTION_TEMPLATE = """\
+I have access to a python code repository in the directory {repo_path} . You can explore and modify files using the available tools. Consider the following issue description:
+
+<issue_description>
+{problem_statement}
+</issue_description>
+
+Can you help me implement the necessary changes to the repository so that the requirements specified in the <issue_description> are met?
+I've already taken care of all changes to any of the test files described in the <issue_description>. This means you DON'T have to modify the testing logic or any of the tests in any way!
+Also the development Python environment is already set up for you (i.e., all dependencies already installed), so you don't need to install other packages.
+Your task is to make the minimal changes to non-test files in the {repo_path} directory to ensure the <issue_description> is satisfied.
+
+Follow these phases to resolve the issue:
+
+Phase 1. READING: read the problem and reword it in clearer terms
+   1.1 If there are code or config snippets. Express in words any best practices or conventions in them.
+   1.2 Hightlight message errors, method names, variables, file names, stack traces, and technical details.
+   1.3 Explain the problem in clear terms.
+   1.4 Enumerate the steps to reproduce the problem.
+   1.5 Hightlight any best practices to take into account when testing and fixing the issue
+
+Phase 2. RUNNING: install and run the tests on the repository
+{phase2}
+Phase 3. EXPLORATION: find the files that are related to the problem and possible solutions
+   3.1 Use `grep` to search for relevant methods, classes, keywords and error messages.
+   3.2 Identify all files related to the problem statement.
+   3.3 Propose the methods and files to fix the issue and explain why.
+   3.4 From the possible file locations, select the most likely location to fix the issue.
+
+Phase 4. TEST CREATION: before implementing any fix, create a script to reproduce and verify the issue.
+   4.1 Look at existing test files in the repository to understand the test format/structure.
+   4.2 Create a minimal reproduction script that reproduces the located issue.
+   4.3 Run the reproduction script to confirm you are reproducing the issue.
+   4.4 Adjust the reproduction script as necessary.
+
+Phase 5. FIX ANALYSIS: state clearly the problem and how to fix it
+   5.1 State clearly what the problem is.
+   5.2 State clearly where the problem is located.
+   5.3 State clearly how the test reproduces the issue.
+   5.4 State clearly the best practices to take into account in the fix.
+   5.5 State clearly how to fix the problem.
+
+Phase 6. FIX IMPLEMENTATION: Edit the source code to implement your chosen solution.
+   6.1 Make minimal, focused changes to fix the issue.
+
+Phase 7. VERIFICATION: Test your implementation thoroughly.
+   7.1 Run your reproduction script to verify the fix works.
+   7.2 Add edge cases to your test script to ensure comprehensive coverage.
+   7.3 Run existing tests related to the modified code to ensure you haven't broken anything.
+
+8. FINAL REVIEW: Carefully re-read the problem description and compare your changes with the base commit {base_commit}.
+   8.1 Ensure you've fully addressed all requirements.
+   8.2 Run any tests in the repository related to:
+     8.2.1 The issue you are fixing
+     8.2.2 The files you modified
+     8.2.3 The functions you changed
+   8.3 If any tests fail, revise your implementation until all tests pass
+
+Be thorough in your exploration, testing, and reasoning. It's fine if your thinking process is lengthy - quality and completeness are more important than brevity."""
+PHASE2_ACTIVATE = """\
+   2.1 Activate the environment by running  
+       {activate}
+   2.2 Follow the readme
+   2.3 Install the environment and anything needed
+   2.4 Iterate and figure out how to run the tests
+"""
+PHASE2_PLAIN = """\
+   2.1 Follow the readme
+   2.2 Install the environment and anything needed
+   2.3 Iterate and figure out how to run the tests
+"""
+# The official SWE-bench images' environment (pass as ``activate=`` for them).
+SWEBENCH_CONDA_ACTIVATE = "source /opt/miniconda3/etc/profile.d/conda.sh ; conda activate testbed"
+
+
+def instruction_for(problem_statement: str, base_commit: str | None = None, repo_path: str = REPO_PATH,
+                    activate: str | None = None) -> str:
+    """The OpenHands SWE-bench instruction; ``activate`` = the command that activates the task's env."""
+    phase2 = PHASE2_ACTIVATE.replace("{activate}", activate) if activate else PHASE2_PLAIN
+    return (INSTRUCTION_TEMPLATE.replace("{phase2}", phase2).replace("{repo_path}", repo_path)
+            .replace("{base_commit}", base_commit or "HEAD").replace("{problem_statement}", problem_statement))
+
+
+def nudge_text(nudges_sent: int) -> str:
+    """The n-th "please continue" message (0-based), worded as the official runner words it."""
+    return NUDGE + (NUDGE_GIVE_UP if nudges_sent >= 1 else "")
+
+
+# ------------------------------------------------------------------------------------------- SDK
+
+_SDK: dict[str, Any] = {}
+
+
+def load_sdk() -> dict[str, Any]:
+    """Import the OpenHands SDK once per process (sets LITELLM_LOCAL_MODEL_COST_MAP first)."""
+    if not _SDK:
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
+        from openhands.sdk import LLM, Agent, Message, TextContent
+        from openhands.sdk.conversation.exceptions import ConversationRunError
+        from openhands.sdk.conversation.impl.local_conversation import LocalConversation
+        from openhands.sdk.conversation.state import ConversationExecutionStatus
+        from openhands.sdk.event import ActionEvent, AgentErrorEvent, MessageEvent, ObservationEvent
+        from openhands.sdk.event.conversation_error import ConversationErrorEvent
+        from openhands.sdk.llm import exceptions as llm_exc
+        from openhands.sdk.tool.builtins import FinishAction
+
+        import harness.sandbox_tools as sandbox_tools
+
+        from pydantic import PrivateAttr
+
+        class EpisodeLLM(LLM):
+            """``LLM`` counting its requests (the SDK's metrics skip replies it could not parse)."""
+
+            _requests: list = PrivateAttr(default_factory=list)
+            _abort: Any = PrivateAttr(default=None)  # () -> exception to raise instead of a request
+
+            def generate(self, *args, **kwargs):
+                failure = self._abort() if self._abort is not None else None
+                if failure is not None:
+                    raise failure
+                self._requests.append(time.time())
+                return super().generate(*args, **kwargs)
+
+        if "LOG_LEVEL" not in os.environ:  # an episode's routine INFO lines (and the in-memory store notice)
+            logging.getLogger("openhands").setLevel(logging.WARNING)
+            logging.getLogger("openhands.sdk.conversation.state").setLevel(logging.ERROR)
+        _SDK.update(LLM=LLM, EpisodeLLM=EpisodeLLM, Agent=Agent, Message=Message, TextContent=TextContent,
+                    LocalConversation=LocalConversation, Status=ConversationExecutionStatus,
+                    ConversationRunError=ConversationRunError, ActionEvent=ActionEvent,
+                    AgentErrorEvent=AgentErrorEvent, MessageEvent=MessageEvent,
+                    ObservationEvent=ObservationEvent, ConversationErrorEvent=ConversationErrorEvent,
+                    llm_exc=llm_exc, FinishAction=FinishAction, sandbox_tools=sandbox_tools)
+    return _SDK
+
+
+# -------------------------------------------------------------------------------------- settings
+
+@dataclass
+class AgentSettings:
+    """Per-run agent settings (``AgentSettings.from_config(cfg)`` maps the run config)."""
+
+    model: str = DEFAULT_MODEL
+    api_key: str = "sao-local"  # the proxy ignores it; litellm wants one
+    max_iterations: int = 300  # LLM turns per episode, nudged continuations included
+    max_nudges: int = 10
+    native_tool_calling: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = not sent
+    max_tokens: int = 1024  # per turn (max_completion_tokens)
+    request_timeout_s: int = 660  # per LLM request (from_config: engine.timeout_s + 60)
+    stuck_detection: bool = True  # the SDK's stuck detector (the official runner keeps it on)
+    no_change_timeout_s: int | None = None  # terminal "no new output" timeout; None = SDK default (30 s)
+    cli_mode: bool = True  # the SDK system prompt's CLI mode, as the official runner sets it
+
+    @classmethod
+    def from_config(cls, cfg, **overrides) -> "AgentSettings":
+        """From a ``harness.config.Config`` (agent.*, sampling.*, proxy.tool_format, engine.timeout_s)."""
+        kw: dict[str, Any] = dict(
+            max_iterations=cfg.agent.max_iterations, max_nudges=cfg.agent.max_nudges,
+            native_tool_calling=cfg.proxy.tool_format == "native", temperature=cfg.sampling.temperature,
+            top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k, max_tokens=cfg.sampling.max_tokens,
+            request_timeout_s=int(cfg.engine.timeout_s) + 60)  # the proxy reports an engine timeout first
+        for key in ("stuck_detection", "no_change_timeout_s", "model"):  # optional agent.* keys
+            if hasattr(cfg.agent, key):
+                kw[key] = getattr(cfg.agent, key)
+        kw.update(overrides)
+        return cls(**kw)
+
+
+# ---------------------------------------------------------------------------------------- result
+
+INFRA, CONTEXT, AGENT = "infra", "context", "agent"
+
+
+@dataclass
+class AgentResult:
+    """How an episode's agent loop ended."""
+
+    finished: bool  # the agent called `finish`
+    iterations: int  # LLM requests made (= agent turns; a final failed request included)
+    nudges: int  # "please continue" messages sent
+    hit_max_iterations: bool
+    error: str | None = None  # reason, when the loop ended on an error
+    error_kind: str | None = None  # "infra" (LLM/proxy/sandbox failure), "context" (context window), "agent"
+    stuck: bool = False  # the SDK's stuck detector ended the run
+    llm_response_ids: list[str] = field(default_factory=list)  # ids of completions the SDK accepted, in order
+    events: dict[str, Any] = field(default_factory=dict)  # summary: counts, tool calls, errors
+    finish_message: str | None = None
+    duration_s: float = 0.0
+    conversation_id: str | None = None
+
+    @property
+    def status(self) -> str:
+        """The trace status this end maps to (``harness.trace.STATUSES``)."""
+        if self.error_kind == INFRA:
+            return "infra_error"
+        if self.error_kind == CONTEXT:
+            return "truncated_context"
+        if self.error_kind == AGENT:
+            return "agent_error"
+        if self.hit_max_iterations:
+            return "truncated_turns"
+        return "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "status": self.status}
+
+
+def classify_error(exc: BaseException) -> str:
+    """``infra`` for LLM/proxy/HTTP and sandbox/Docker failures, ``context`` for a context-window
+    overflow, ``agent`` for anything else."""
+    sdk = load_sdk()
+    e = exc
+    if isinstance(e, sdk["ConversationRunError"]) and e.__cause__ is not None:
+        e = e.__cause__
+    llm_exc = sdk["llm_exc"]
+    if isinstance(e, (llm_exc.LLMContextWindowExceedError, llm_exc.LLMContextWindowTooSmallError)):
+        return CONTEXT
+    if isinstance(e, (llm_exc.LLMError, sdk["sandbox_tools"].SandboxUnavailable)):
+        return INFRA
+    import httpx
+    import litellm
+    import openai
+
+    infra_types: tuple[type, ...] = (litellm.exceptions.APIError, litellm.exceptions.APIConnectionError,
+                                     litellm.exceptions.Timeout, openai.APIError, httpx.HTTPError)
+    try:
+        import docker
+        from envs.errors import SandboxError
+
+        infra_types += (docker.errors.DockerException, SandboxError)
+    except ImportError:
+        pass
+    return INFRA if isinstance(e, infra_types) else AGENT
+
+
+def _error_reason(exc: BaseException) -> str:
+    e = exc
+    if isinstance(e, load_sdk()["ConversationRunError"]) and e.__cause__ is not None:
+        e = e.__cause__
+    return f"{type(e).__name__}: {str(e).strip()[:1000]}"
+
+
+# ------------------------------------------------------------------------------------------ build
+
+def build_llm(base_url: str, *, episode_id: str, task_id: str, settings: AgentSettings | None = None,
+              extra_headers: dict[str, str] | None = None):
+    """``openhands.sdk.LLM`` at ``base_url`` with the episode headers and the RL sampling settings."""
+    sdk = load_sdk()
+    s = settings or AgentSettings()
+    return sdk["EpisodeLLM"](
+        model=s.model, base_url=base_url, api_key=s.api_key, usage_id="agent",
+        num_retries=0, timeout=s.request_timeout_s,
+        temperature=s.temperature, top_p=s.top_p, max_output_tokens=s.max_tokens,
+        litellm_extra_body={"top_k": s.top_k} if s.top_k else {},
+        native_tool_calling=s.native_tool_calling,
+        extra_headers={"X-Episode-Id": episode_id, "X-Task-Id": task_id, **(extra_headers or {})},
+        reasoning_effort=None, caching_prompt=False, stream=False,
+        input_cost_per_token=0.0, output_cost_per_token=0.0,
+        # A model the SDK does not know: send sampling params, no reasoning effort / cache keys.
+        capability_overrides={"supports_reasoning_effort": False, "supports_sampling_params": True,
+                              "supports_prompt_cache_key": False, "supports_prompt_cache": False,
+                              "supports_prompt_cache_retention": False, "supports_vision": False,
+                              "supports_stop_words": True, "supports_responses_api": False},
+    )
+
+
+def build_agent(llm, tools, settings: AgentSettings | None = None):
+    """The SDK ``Agent``: no condenser, ``terminal`` + ``file_editor`` in the sandbox, ``finish`` + ``think``."""
+    sdk = load_sdk()
+    s = settings or AgentSettings()
+    return sdk["Agent"](llm=llm, tools=tools.tool_specs(), condenser=None,
+                        include_default_tools=["FinishTool", "ThinkTool"],
+                        system_prompt_kwargs={"cli_mode": s.cli_mode})
+
+
+def build_conversation(agent, workspace: str, settings: AgentSettings | None = None, callbacks=None):
+    """A ``LocalConversation`` (in-memory, no visualizer); ``workspace`` is an empty host directory."""
+    sdk = load_sdk()
+    s = settings or AgentSettings()
+    return sdk["LocalConversation"](agent=agent, workspace=workspace, persistence_dir=None,
+                                    max_iteration_per_run=s.max_iterations, stuck_detection=s.stuck_detection,
+                                    visualizer=None, callbacks=list(callbacks or []), delete_on_close=True)
+
+
+# -------------------------------------------------------------------------------------------- run
+
+def _target(sandbox):
+    st = load_sdk()["sandbox_tools"]
+    if isinstance(sandbox, st.SandboxTarget):
+        return sandbox
+    if hasattr(sandbox, "container_id"):  # envs.sandbox.Sandbox
+        return st.SandboxTarget.from_sandbox(sandbox)
+    if isinstance(sandbox, str):
+        return st.SandboxTarget(container=sandbox)
+    raise TypeError(f"run_agent: sandbox must be a SandboxTarget, an envs Sandbox or a container id, "
+                    f"not {type(sandbox).__name__}")
+
+
+def _completions(llm) -> list[str]:
+    """Ids of the completions the SDK accepted, in order (from the LLM's own metrics: the conversation's
+    registry tracks only plain ``LLM`` objects)."""
+    return [r.response_id for r in llm.metrics.response_latencies]
+
+
+def _requests(llm) -> int:
+    """LLM requests made so far (malformed replies and a final failed request included)."""
+    return len(llm._requests)
+
+
+def _last_agent_turn(events, sdk) -> str:
+    """'finish', 'message' (a reply without tool call), 'action' or 'none' for the latest agent turn."""
+    for e in reversed(events):
+        if isinstance(e, sdk["ActionEvent"]):
+            return "finish" if isinstance(e.action, sdk["FinishAction"]) else "action"
+        if isinstance(e, sdk["MessageEvent"]) and e.source == "agent":
+            return "message"
+    return "none"
+
+
+def summarize_events(events, sdk=None) -> dict[str, Any]:
+    """Counts per event type and per tool, agent errors and conversation error codes."""
+    sdk = sdk or load_sdk()
+    counts: dict[str, int] = {}
+    tools: dict[str, int] = {}
+    agent_errors, conv_errors, no_tool_replies = 0, [], 0
+    for e in events:
+        counts[type(e).__name__] = counts.get(type(e).__name__, 0) + 1
+        if isinstance(e, sdk["ActionEvent"]):
+            tools[e.tool_name] = tools.get(e.tool_name, 0) + 1
+        elif isinstance(e, sdk["AgentErrorEvent"]):
+            agent_errors += 1
+        elif isinstance(e, sdk["ConversationErrorEvent"]):
+            conv_errors.append(e.code)
+        elif isinstance(e, sdk["MessageEvent"]) and e.source == "agent":
+            no_tool_replies += 1
+    return {"counts": counts, "tool_calls": tools, "agent_errors": agent_errors,
+            "no_tool_call_replies": no_tool_replies, "conversation_errors": conv_errors}
+
+
+def run_agent(sandbox, *, base_url: str, instruction: str, episode_id: str, task_id: str,
+              settings: AgentSettings | None = None, extra_headers: dict[str, str] | None = None,
+              callbacks=None, tools=None) -> AgentResult:
+    """Run one episode's agent loop in ``sandbox`` against the LLM at ``base_url``; see the module doc.
+
+    ``tools``: ready-made tools (an object with ``tool_specs()`` and ``close()``, closed here) instead of
+    ``SandboxTools`` for ``sandbox`` (then ``sandbox`` may be None).
+    """
+    sdk = load_sdk()
+    s = settings or AgentSettings()
+    t0 = time.monotonic()
+    if tools is None:
+        tools = sdk["sandbox_tools"].SandboxTools(_target(sandbox), no_change_timeout_seconds=s.no_change_timeout_s)
+    workspace = tempfile.mkdtemp(prefix="sao-agent-ws-")
+    conv = llm = None
+    out: dict[str, Any] = dict(finished=False, hit_max_iterations=False, stuck=False, nudges=0, error=None,
+                               error_kind=None, finish_message=None)
+    try:
+        try:
+            llm = build_llm(base_url, episode_id=episode_id, task_id=task_id, settings=s,
+                            extra_headers=extra_headers)
+            llm._abort = lambda: getattr(tools, "failure", None)  # a sandbox failure ends the run before the next turn
+            conv = build_conversation(build_agent(llm, tools, s), workspace, s, callbacks)
+            conv.send_message(instruction)
+            _drive(conv, llm, s, sdk, out)
+        except Exception as e:  # building the agent or sending a message failed
+            out.update(error=_error_reason(e), error_kind=classify_error(e))
+        failure = getattr(tools, "failure", None)
+        if failure is not None and out["error_kind"] != INFRA:  # e.g. it finished in the turn the sandbox died
+            out.update(error=_error_reason(failure), error_kind=INFRA, finished=False)
+        events = list(conv.state.events) if conv is not None else []
+        summary = summarize_events(events, sdk) if events else {}
+        summary["terminal_sessions"] = getattr(getattr(tools, "terminal", None), "sessions_started", 0)
+        summary["file_editor_calls"] = getattr(getattr(tools, "file_editor", None), "calls", 0)
+        return AgentResult(**out, iterations=_requests(llm) if llm is not None else 0,
+                           llm_response_ids=_completions(llm) if llm is not None else [], events=summary,
+                           duration_s=time.monotonic() - t0,
+                           conversation_id=str(conv.state.id) if conv is not None else None)
+    finally:
+        if conv is not None:
+            try:
+                conv.close()
+            except Exception:
+                pass
+        tools.close()
+        shutil.rmtree(workspace, ignore_errors=True)
+
+
+def _drive(conv, llm, s: AgentSettings, sdk, out: dict[str, Any]) -> None:
+    """Run the conversation to its end, nudging replies without a tool call; record the end in ``out``."""
+    Status = sdk["Status"]
+    while True:
+        remaining = s.max_iterations - _requests(llm)
+        if remaining <= 0:
+            out["hit_max_iterations"] = True
+            return
+        conv.max_iteration_per_run = remaining
+        try:
+            conv.run()
+        except Exception as e:  # ConversationRunError: LLM/proxy, sandbox or SDK failure
+            out.update(error=_error_reason(e), error_kind=classify_error(e))
+            return
+        status = conv.state.execution_status
+        events = list(conv.state.events)
+        if status == Status.FINISHED:
+            turn = _last_agent_turn(events, sdk)
+            if turn == "finish":
+                out.update(finished=True, finish_message=_finish_message(events, sdk))
+                return
+            if turn == "message" and out["nudges"] < s.max_nudges:
+                if s.max_iterations - _requests(llm) <= 0:
+                    out["hit_max_iterations"] = True
+                    return
+                conv.send_message(nudge_text(out["nudges"]))
+                out["nudges"] += 1
+                continue
+            return  # out of nudges
+        if status == Status.STUCK:
+            out["stuck"] = True
+        elif status == Status.ERROR:
+            codes = [e.code for e in events if isinstance(e, sdk["ConversationErrorEvent"])]
+            if codes and codes[-1] == "MaxIterationsReached":
+                out["hit_max_iterations"] = True
+            else:
+                out.update(error=f"conversation error: {codes[-1] if codes else 'unknown'}", error_kind=AGENT)
+        return
+
+
+def _finish_message(events, sdk) -> str | None:
+    for e in reversed(events):
+        if isinstance(e, sdk["ActionEvent"]) and isinstance(e.action, sdk["FinishAction"]):
+            return getattr(e.action, "message", None)
+    return None
