@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from envs.config import DockerConfig, SandboxConfig
 from eval.config import EvalConfig
@@ -100,6 +100,19 @@ class Config(Section):
     trainer: TrainerConfig = TrainerConfig()
     eval: EvalConfig = EvalConfig()
 
+    @model_validator(mode="after")
+    def _trainer_samples_like_the_engine(self) -> "Config":
+        """The trainer recomputes logprobs under the rollout's sampling distribution (sao.md section 8)."""
+        for key in ("temperature", "top_p", "top_k"):
+            rollout = getattr(self.sampling, key)
+            mine = getattr(self.trainer, key)
+            if key not in self.trainer.model_fields_set:
+                object.__setattr__(self.trainer, key, rollout)
+            elif mine != rollout:
+                raise ValueError(f"trainer.{key} ({mine}) differs from sampling.{key} ({rollout}): "
+                                 "the ratio to the rollout would not be 1 on-policy")
+        return self
+
 
 def _parse_value(text: str) -> Any:
     """An override's value is YAML: ``1e-6`` -> float, ``true`` -> bool, ``[a, b]`` -> list."""
@@ -132,6 +145,8 @@ def _format_error(err: ValidationError, source: str) -> str:
             loc.append(str(k))
         return f"{source}: unknown config key '{'.'.join(loc)}'"
     key = ".".join(loc)
+    if not loc:  # a check across sections
+        return f"{source}: {first['msg'].removeprefix('Value error, ')}"
     if first["type"] == "missing":
         return f"{source}: missing config key '{key}'"
     return f"{source}: config key '{key}': {first['msg']} (got {first.get('input')!r})"

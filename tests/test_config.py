@@ -83,3 +83,10 @@ def test_cli_config_errors_exit_2_one_line_no_traceback(project_root, args, need
     assert needle in r.stderr
     assert "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_trainer_recomputes_logprobs_under_the_rollout_sampling(project_root):
+    cfg = load_config(project_root / "configs/local.yaml", ["sampling.temperature=0.7", "sampling.top_k=20"])
+    assert (cfg.trainer.temperature, cfg.trainer.top_k, cfg.trainer.top_p) == (0.7, 20, 1.0)
+    with pytest.raises(ConfigError, match=r"trainer.temperature \(0.5\) differs from sampling.temperature \(1.0\)"):
+        load_config(project_root / "configs/local.yaml", ["trainer.temperature=0.5"])

@@ -1,0 +1,279 @@
+"""Policy logprobs in chunks, the critic, and parameter freezing (sao.md sections 4 and 8).
+
+Token alignment: the logprob and the value of token t are read at position t-1, the position that
+predicts it. Both come back as [B, T] tensors aligned with input_ids; position 0 has no predictor,
+so an action token at position 0 is rejected.
+
+Sampling distribution (must equal the engine's, or r_t != 1 even on-policy): the rule of
+harness.engines.sampling, which is the order of transformers' generate and of vLLM:
+    z = logits / temperature
+    top-k (k > 0):  drop tokens whose z is below the k-th largest z (ties with it are kept)
+    top-p (p < 1):  on softmax(z) of what is left, sort ascending and drop the tokens whose
+                    cumulative probability is <= 1 - p (the most probable token is always kept)
+    logp(x) = z_x - logsumexp(z over kept tokens) for a kept x, and -inf for a dropped x
+The kept set is a discrete choice and gets no gradient; gradients flow through z of kept tokens.
+Entropy is the entropy of that same (filtered, renormalised) distribution.
+
+Memory: [T, vocab] logits are never built for the whole sequence. `chunked_token_logprobs` is a
+custom autograd.Function that runs `chunk_size` positions at a time and recomputes each chunk's
+logits in backward; it saves only O(T) numbers, so peak extra memory is O(chunk_size * vocab), not
+O(T * vocab), and the [chunk, vocab] work is done in place.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+CRITIC_WEIGHTS = "critic.safetensors"
+
+
+# --- logprobs of the sampling distribution ------------------------------------------------------
+
+def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
+
+
+def sampling_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
+                    top_p: float = 1.0) -> torch.Tensor:
+    """logits [N, V] -> z [N, V]: divided by temperature, -inf at the tokens top-k / top-p drop.
+
+    Works in place on `logits` (pass a fresh fp32 tensor); no gradient flows through it.
+    """
+    z = logits.div_(temperature) if temperature != 1.0 else logits
+    vocab = z.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
+        z.masked_fill_(z < kth, -torch.inf)
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=False)
+        cumulative = sorted_z.softmax(dim=-1).cumsum_(dim=-1)
+        sorted_drop = cumulative <= 1.0 - top_p
+        sorted_drop[..., -1] = False  # keep the most probable token
+        z.masked_fill_(sorted_drop.scatter(-1, order, sorted_drop), -torch.inf)
+    return z
+
+
+def _chunk_logits(hidden, weight, bias, out, sampling):
+    """z = filter((h W^T + b) / tau) for one chunk, written into the reusable buffer `out`."""
+    z = torch.matmul(hidden, weight.T, out=out[:hidden.shape[0]])
+    if bias is not None:
+        z.add_(bias)
+    return sampling_logits(z, *sampling)
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """(logp, entropy) of the sampling distribution, one chunk of positions at a time.
+
+    Forward, per chunk: z = filter((h W^T + b) / tau), lse = logsumexp(z), log q = z - lse,
+        logp = log q[y],  H = -sum_v q_v log q_v.   Saved: h, W, b, y, lse and H (O(N), not O(N V)).
+    Backward, per chunk, z recomputed:
+        dlogp/dz = onehot(y) - q,   dH/dz = -q * (log q + H)
+        g_z = g_logp * onehot(y) - q * (g_logp + g_H * (log q + H)),   then through z = (h W^T + b) / tau:
+        g_h = g_z W / tau,   g_W = g_z^T h / tau,   g_b = sum g_z / tau.
+    A dropped target (logp = -inf, a constant) gets no gradient. The kept set gets none either.
+    Two [chunk, V] buffers are allocated once per call and reused by every chunk, in place.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, top_k, top_p, chunk_size):
+        n, sampling = hidden.shape[0], (temperature, top_k, top_p)
+        logp, entropy, lse = hidden.new_empty(n), hidden.new_empty(n), hidden.new_empty(n)
+        z_buf = hidden.new_empty(min(chunk_size, n), weight.shape[0])
+        q_buf = torch.empty_like(z_buf)
+        for start in range(0, n, chunk_size):
+            end = min(start + chunk_size, n)
+            z = _chunk_logits(hidden[start:end], weight, bias, z_buf, sampling)
+            top = z.amax(dim=-1, keepdim=True)
+            q = torch.exp(z.sub_(top), out=q_buf[:end - start])  # unnormalised, in (0, 1]
+            total = q.sum(dim=-1, keepdim=True)
+            logq = z.sub_(total.log())  # z - lse
+            q.div_(total)
+            lse[start:end] = (top + total.log()).squeeze(-1)
+            logp[start:end] = logq.gather(-1, targets[start:end, None]).squeeze(-1)
+            if top_k > 0 or top_p < 1.0:
+                logq.nan_to_num_(neginf=0.0)  # dropped tokens have q = 0; avoid 0 * -inf
+            entropy[start:end] = -torch.bmm(q[:, None, :], logq[:, :, None]).view(-1)  # -sum q log q
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.sampling, ctx.chunk_size = sampling, chunk_size
+        ctx.mark_non_differentiable(lse)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        temperature, top_k, top_p = ctx.sampling
+        n = hidden.shape[0]
+        grad_logp = torch.zeros_like(lse) if grad_logp is None else grad_logp
+        grad_entropy = torch.zeros_like(lse) if grad_entropy is None else grad_entropy
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden) if need_h else None
+        grad_weight = torch.zeros_like(weight) if need_w else None
+        grad_bias = torch.zeros_like(bias) if need_b else None
+        z_buf = hidden.new_empty(min(ctx.chunk_size, n), weight.shape[0])
+        q_buf = torch.empty_like(z_buf)
+        for start in range(0, n, ctx.chunk_size):
+            end = min(start + ctx.chunk_size, n)
+            h, y = hidden[start:end], targets[start:end, None]
+            logq = _chunk_logits(h, weight, bias, z_buf, ctx.sampling).sub_(lse[start:end, None])
+            g_logp = torch.where(torch.isfinite(logq.gather(-1, y)).squeeze(-1), grad_logp[start:end], 0.0)
+            q = torch.exp(logq, out=q_buf[:end - start])
+            if top_k > 0 or top_p < 1.0:
+                logq.nan_to_num_(neginf=0.0)  # dropped tokens have q = 0
+            # g_z = -q * (g_logp + g_H * (log q + H)) + g_logp * onehot(y), in place over logq
+            g_z = logq.add_(entropy[start:end, None]).mul_(-grad_entropy[start:end, None])
+            g_z.sub_(g_logp[:, None]).mul_(q)
+            g_z.scatter_add_(-1, y, g_logp[:, None])
+            if temperature != 1.0:
+                g_z.div_(temperature)
+            if need_h:
+                grad_hidden[start:end] = g_z @ weight
+            if need_w:
+                grad_weight.addmm_(g_z.T, h)
+            if need_b:
+                grad_bias += g_z.sum(0)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                           bias: torch.Tensor | None = None, temperature: float = 1.0, top_k: int = 0,
+                           top_p: float = 1.0, chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(targets) and entropy of the sampling distribution, `chunk_size` positions at a time.
+
+    hidden [N, H] (the states that predict targets [N]), weight [V, H] (and bias [V]) of the LM head.
+    Returns (logp [N], entropy [N]) in fp32, differentiable w.r.t. hidden, weight and bias. Forward
+    and backward each hold the logits of one chunk at a time (backward recomputes them).
+    """
+    _check_sampling(temperature, top_k, top_p)
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(f"hidden must be [N, H] and targets [N], got {tuple(hidden.shape)} and {tuple(targets.shape)}")
+    # logits in fp32: a bf16 logit is too coarse for a logprob ratio (the casts are differentiable)
+    weight = weight.float()
+    bias = None if bias is None else bias.float()
+    return _ChunkedLogprobs.apply(hidden.float(), weight, bias, targets, float(temperature), top_k, top_p, chunk_size)
+
+
+def policy_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          action_mask: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
+                          top_p: float = 1.0, chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """A causal LM's logprobs and entropies at the action tokens -> (logp [B, T], entropy [B, T]).
+
+    Logits are computed only at the positions that predict action tokens, in chunks; the output is 0
+    at every other position. `model` is a transformers causal LM (`base_model` + output embeddings).
+    """
+    if action_mask.shape != input_ids.shape:
+        raise ValueError(f"action_mask {tuple(action_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
+    if action_mask[:, 0].any():
+        raise ValueError("action_mask: an action token at position 0 has no context to be predicted from")
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask.long()).last_hidden_state
+    predicted = action_mask[:, 1:]  # token t+1 is predicted at position t
+    head = model.get_output_embeddings()
+    logp, entropy = chunked_token_logprobs(hidden[:, :-1][predicted], head.weight, input_ids[:, 1:][predicted],
+                                           bias=head.bias, temperature=temperature, top_k=top_k, top_p=top_p,
+                                           chunk_size=chunk_size)
+    zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    return zeros.masked_scatter(action_mask, logp), zeros.masked_scatter(action_mask, entropy)
+
+
+# --- the critic ---------------------------------------------------------------------------------
+
+class Critic(nn.Module):
+    """The policy's transformer with the LM head replaced by a scalar head: V = Linear(hidden, 1).
+
+    `backbone` is the base model (e.g. Qwen3MoeModel, the causal LM's `.model`). The value head is
+    fp32 and starts at zero (V = 0 everywhere before training) [choice].
+    """
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(backbone.config.hidden_size, 1, dtype=torch.float32)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_policy(cls, policy: nn.Module) -> "Critic":
+        """A critic initialised from an in-memory policy (a copy of its base model)."""
+        return cls(copy.deepcopy(policy.base_model))
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs) -> "Critic":
+        """A critic initialised from the policy checkpoint at `path` (the base model only)."""
+        from transformers import AutoModel
+        return cls(AutoModel.from_pretrained(path, **kwargs))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Values [B, T], fp32, token-aligned: V[:, t] = head(h[:, t-1]); V[:, 0] = 0."""
+        if attention_mask is not None:
+            attention_mask = attention_mask.long()
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        values = self.value_head(hidden[:, :-1].float()).squeeze(-1)
+        return torch.nn.functional.pad(values, (1, 0))
+
+
+def save_critic(critic: Critic, directory: str | Path) -> Path:
+    """Write the backbone's config.json and all critic weights to critic.safetensors."""
+    from safetensors.torch import save_model
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    critic.backbone.config.save_pretrained(directory)
+    save_model(critic, str(directory / CRITIC_WEIGHTS))
+    return directory
+
+
+def load_critic(directory: str | Path) -> Critic:
+    """Rebuild a critic saved by save_critic (architecture from config.json, weights from safetensors)."""
+    from safetensors.torch import load_model
+    from transformers import AutoConfig, AutoModel
+    directory = Path(directory)
+    if not (directory / CRITIC_WEIGHTS).is_file():
+        raise ValueError(f"directory {directory} holds no {CRITIC_WEIGHTS}")
+    critic = Critic(AutoModel.from_config(AutoConfig.from_pretrained(directory)))
+    load_model(critic, str(directory / CRITIC_WEIGHTS))
+    return critic
+
+
+# --- freezing -----------------------------------------------------------------------------------
+
+ATTENTION = r"(^|\.)self_attn\."  # every self-attention parameter (q/k/v/o projections, q/k norms)
+NORMS = r"norm\.(weight|bias)$"  # input/post-attention layer norms and the final norm
+ROUTER = r"(^|\.)mlp\.gate\.weight$"  # the MoE router (not the dense MLP's gate_proj)
+EMBEDDINGS = r"(^|\.)embed_tokens\."
+
+
+def critic_freeze_patterns(preset: str = "attention", norms: bool = True, router: bool = True,
+                           embeddings: bool = True) -> list[str]:
+    """Regexes of the critic's frozen parameters. "none" freezes nothing; "attention" freezes
+    self-attention, plus norms / router / embeddings as switched (the MoE experts and the value head
+    always train)."""
+    if preset == "none":
+        return []
+    if preset != "attention":
+        raise ValueError(f"preset must be 'none' or 'attention', got {preset!r}")
+    return [ATTENTION] + [p for p, on in ((NORMS, norms), (ROUTER, router), (EMBEDDINGS, embeddings)) if on]
+
+
+def freeze_parameters(model: nn.Module, patterns: list[str]) -> list[str]:
+    """Set requires_grad=False on every parameter whose name matches a pattern (re.search); return
+    the frozen names. A pattern matching no parameter is an error (a renamed module would otherwise
+    silently train)."""
+    names = [name for name, _ in model.named_parameters()]
+    for pattern in patterns:
+        if not any(re.search(pattern, n) for n in names):
+            raise ValueError(f"freeze pattern {pattern!r} matches no parameter of {type(model).__name__}")
+    frozen = []
+    for name, param in model.named_parameters():
+        if any(re.search(p, name) for p in patterns):
+            param.requires_grad_(False)
+            frozen.append(name)
+    return frozen
