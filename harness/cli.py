@@ -47,6 +47,9 @@ def _load(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import logging
+
+    logging.getLogger("torch").setLevel(logging.WARNING)  # the SDK raises the root logger to INFO
     parser = build_parser()
     args = parser.parse_args(argv)
     from harness.config import ConfigError

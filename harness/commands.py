@@ -48,7 +48,10 @@ def cmd_config(args) -> int:
 
 
 def cmd_rollout(args) -> int:
-    raise NotBuiltYet("build step 5: OpenHands episodes in Docker")
+    from harness.rollout import run_rollout
+
+    stats = run_rollout(args.cfg)
+    return 0 if stats.done + stats.skipped >= stats.total else 1
 
 
 def cmd_demo(args) -> int:

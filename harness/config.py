@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from envs.config import DockerConfig, SandboxConfig
 from eval.config import EvalConfig
 from tasks.config import TasksConfig
-from trainer.config import TrainerConfig
+from trainer.config import TrainerConfig, ValuePretrainConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,6 +98,7 @@ class Config(Section):
     sandbox: SandboxConfig = SandboxConfig()
     tasks: TasksConfig = TasksConfig()
     trainer: TrainerConfig = TrainerConfig()
+    value_pretrain: ValuePretrainConfig = ValuePretrainConfig()
     eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")

@@ -22,3 +22,7 @@ def tiny_model_dir() -> Path:
     from harness.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model(ROOT / ".cache" / "sao", seed=0)
+
+import logging  # noqa: E402
+
+logging.getLogger("torch").setLevel(logging.WARNING)  # the OpenHands SDK raises the root logger to INFO

@@ -70,6 +70,12 @@ class TrainerConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0)  # gradient-norm clip, both models
     logprob_chunk: int = Field(1024, gt=0)  # positions per chunk for token logprobs and entropy
     micro_batch_tokens: int = Field(32_768, gt=0)  # padded tokens per forward/backward micro-batch
+    gradient_checkpointing: bool = False  # transformers' activation checkpointing (long sequences)
+
+    # the loop (sao train)
+    env: Literal["swe", "simulated"] = "swe"  # swe: OpenHands episodes in Docker; simulated: a sleeping env (bench)
+    ray_address: str | None = None  # None: start a local Ray; else the address of a cluster
+    keep_checkpoints: int = Field(3, gt=0)  # checkpoints kept in <run>/checkpoints
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "TrainerConfig":
@@ -90,3 +96,19 @@ class TrainerConfig(BaseModel):
         if self.running_mean_window is not None:
             return self.running_mean_window
         return 8 if self.running_mean_scope == "task" else 128
+
+
+class ValuePretrainConfig(BaseModel):
+    """`sao value-pretrain`: regress the critic on Monte-Carlo returns of stored trajectories."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    traces: list[str] = []  # trace stores (run dirs / traces dirs / shards); empty = <run>/traces
+    max_steps: int = Field(200, gt=0)  # step budget
+    batch_size: int = Field(16, gt=0)  # trajectories per critic step
+    lr: float = Field(5e-6, gt=0)  # critic AdamW learning rate (constant; weight decay / grad clip from trainer.*)
+    patience: int = Field(20, gt=0)  # stop when neither value loss nor explained variance improved for this many steps
+    min_delta: float = Field(1e-3, ge=0)  # what counts as an improvement
+    smoothing: float = Field(0.9, ge=0, lt=1)  # the plateau test runs on an EMA of the per-batch metrics (0 = raw)
+    eval_trajectories: int = Field(64, ge=0)  # fixed sample of the corpus scored before and after (0 = off)
+    device: str = "cpu"  # torch device of the critic ("cpu", "cuda", "cuda:1", ...)

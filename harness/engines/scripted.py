@@ -1,0 +1,78 @@
+"""``scripted`` engine — a TEST DOUBLE, not a model.
+
+It answers each ``generate`` with the next of a given list of assistant replies (text, e.g. with
+Hermes ``<tool_call>`` blocks), encoded with the model's tokenizer and followed by the EOS token,
+each token with logprob 0.0 and the engine's current version. It honours ``max_tokens`` (finish
+``length``) and stop strings (finish ``stop``, the reply cut after the stop string). Later steps use
+it to drive end-to-end episodes to ``resolved`` without a trained model. ``delay_s`` makes every call
+slow, to exercise timeouts. When the replies run out, ``generate`` raises ``EngineError``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from harness.engines.protocol import Engine, EngineError, EngineTimeout, GenerateResult, SamplingParams, find_stop
+
+
+class ScriptedEngine(Engine):
+    kind = "scripted"
+
+    def __init__(self, tokenizer, replies: list[str] | tuple[str, ...] = (), timeout_s: float = 600.0,
+                 delay_s: float = 0.0, eos: bool = True):
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.tokenizer = tokenizer
+        self.timeout_s = timeout_s
+        self.delay_s = delay_s
+        self.eos = eos
+        self._replies: deque[str] = deque(replies)
+        self._lock = threading.Lock()
+        self._version = 0
+        self.calls = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def add_replies(self, *replies: str) -> None:
+        with self._lock:
+            self._replies.extend(replies)
+
+    def next_reply(self, prompt_ids: list[int]) -> str:
+        """The next reply's text (called under the engine's lock); subclasses may pick by prompt."""
+        if not self._replies:
+            raise EngineError("scripted engine: no scripted replies left")
+        return self._replies.popleft()
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams, timeout: float | None = None) -> GenerateResult:
+        t = self._timeout(timeout)
+        if self.delay_s:
+            time.sleep(min(self.delay_s, t))
+            if self.delay_s >= t:
+                raise EngineTimeout(f"scripted engine: generate did not finish within {t:g}s (delay_s={self.delay_s:g})")
+        with self._lock:
+            text = self.next_reply(prompt_ids)
+            self.calls += 1
+        finish, stop_str = "stop", None
+        hit = find_stop(text, sampling.stop)
+        if hit is not None:
+            text, stop_str = text[:hit[0] + len(hit[1])], hit[1]
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if self.eos and stop_str is None:
+            ids.append(self.tokenizer.eos_token_id)
+        if len(ids) > sampling.max_tokens:
+            ids, finish, stop_str = ids[:sampling.max_tokens], "length", None
+        v = self._version
+        return GenerateResult(ids, [0.0] * len(ids), finish, [v] * len(ids), stop_str)
+
+    def update_weights(self, version: int, weights: dict[str, Any], timeout: float | None = None) -> None:
+        self._version = version
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": True, "kind": self.kind, "version": self._version, "replies_left": len(self._replies),
+                "calls": self.calls}

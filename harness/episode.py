@@ -1,0 +1,112 @@
+"""One episode: task -> sandbox -> OpenHands agent (LLM at the proxy) -> patch -> grade -> trajectory.
+
+Contract of ``run_episode``: it never raises for what goes wrong inside the episode; it returns a
+validated ``Trajectory`` whose status says how it ended:
+- ``ok``: the agent finished (or stopped) on its own; reward from grading the patch;
+- ``truncated_turns`` / ``truncated_context``: the turn limit / token budget ended it; still graded;
+- ``agent_error``: the agent loop failed for a reason of its own; no reward;
+- ``infra_error``: the sandbox, the engine or the grader failed; no reward, ever (never a 0).
+The reward is the guarded verdict (test-file and test-config changes stripped) from a fresh container.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from harness.trace import Trajectory
+
+INFRA_ERROR = "infra_error"
+
+
+@dataclass
+class EpisodeContext:
+    """What every episode of a run shares."""
+
+    cfg: object  # harness.config.Config
+    proxy: object  # harness.proxy.ProxyServer, started
+    run_id: str
+    grade: bool = True  # False: leave the reward to the caller (e.g. eval grades in bulk)
+
+
+def new_episode_id(task_id: str) -> str:
+    return f"{task_id}.{uuid.uuid4().hex[:12]}"
+
+
+def _status(agent_result, traj: Trajectory | None, sandbox_error: str | None) -> str:
+    """Precedence: infrastructure first, then the proxy's context budget, then how the agent ended."""
+    if sandbox_error is not None or agent_result is None:
+        return INFRA_ERROR
+    agent_status = agent_result.status
+    if agent_status == INFRA_ERROR:
+        return INFRA_ERROR
+    if traj is not None and traj.status == "truncated_context":
+        return "truncated_context"
+    return agent_status
+
+
+def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Trajectory:
+    """Run ``task`` (a ``tasks.model.Task``) once; see the module doc."""
+    from envs.errors import SandboxError
+    from envs.sandbox import Sandbox
+    from harness.agent import AgentSettings, instruction_for, run_agent
+    from harness.proxy import UnknownEpisode
+
+    cfg = ctx.cfg
+    episode_id = episode_id or new_episode_id(task.instance_id)
+    timings: dict[str, float] = {}
+    t_start = time.monotonic()
+    agent_result, patch, sandbox_error = None, "", None
+    try:
+        t0 = time.monotonic()
+        with Sandbox(task.image, cfg.sandbox, run_id=ctx.run_id, labels={"sao-harness.task": task.instance_id}) as sb:
+            timings["sandbox_start_s"] = time.monotonic() - t0
+            t0 = time.monotonic()
+            agent_result = run_agent(
+                sb, base_url=ctx.proxy.base_url, instruction=instruction_for(task.problem_statement, task.base_commit),
+                episode_id=episode_id, task_id=task.instance_id, settings=AgentSettings.from_config(cfg))
+            timings["agent_s"] = time.monotonic() - t0
+            if agent_result.status != INFRA_ERROR:
+                t0 = time.monotonic()
+                patch = sb.diff(task.base_commit)
+                timings["diff_s"] = time.monotonic() - t0
+    except SandboxError as e:
+        sandbox_error = f"{type(e).__name__}: {e}"
+    except Exception as e:  # docker-py / OS trouble around the sandbox is infrastructure too
+        sandbox_error = f"{type(e).__name__}: {e}"
+
+    try:
+        traj = ctx.proxy.close_episode(episode_id)
+    except UnknownEpisode:  # the model was never called (e.g. the sandbox did not start)
+        traj = Trajectory(task_id=task.instance_id)
+    traj.traj_id = episode_id
+    traj.task_id = task.instance_id
+    traj.status = _status(agent_result, traj, sandbox_error)
+    traj.patch = patch
+    traj.reward = None
+    traj.metadata["episode_id"] = episode_id
+    traj.metadata["run_id"] = ctx.run_id
+    if agent_result is not None:
+        traj.metadata["agent"] = agent_result.to_dict()
+        traj.turns = max(traj.turns, agent_result.iterations)
+    if sandbox_error is not None:
+        traj.metadata["infra_error"] = sandbox_error
+    elif traj.status == INFRA_ERROR:
+        traj.metadata["infra_error"] = agent_result.error if agent_result else "unknown"
+
+    if ctx.grade and traj.status in ("ok", "truncated_turns", "truncated_context"):
+        from eval.grade import grade
+
+        t0 = time.monotonic()
+        result = grade(task, patch, timeout=cfg.eval.grade_timeout_s, guard=cfg.eval.guard,
+                       log_root=cfg.run.dir / "grading")
+        timings["grade_s"] = time.monotonic() - t0
+        traj.grading = result.to_dict()
+        if result.reward is None:  # the grader failed: infrastructure, not a 0
+            traj.status = INFRA_ERROR
+            traj.metadata["infra_error"] = f"grading: {result.error or result.status}"
+        else:
+            traj.reward = float(result.reward)
+    timings["episode_s"] = time.monotonic() - t_start
+    traj.timings = {**traj.timings, **timings}
+    return traj.validate()

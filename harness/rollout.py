@@ -1,0 +1,196 @@
+"""`sao rollout` / `make rollout-swe`: episodes over a task source, N in parallel, one trace each.
+
+- Each finished episode is written to the run's trace store at once (one shard per trajectory).
+- Resume: a task that already has ``rollout.episodes_per_task`` trajectories that are not
+  ``infra_error`` in the store is not run again.
+- Infrastructure errors are retried up to ``rollout.max_retries`` times; the last one is recorded
+  as ``infra_error`` (no reward) and counted.
+- The run's sandboxes are removed on exit, Ctrl-C included (``envs.gc.run_scope``).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+
+from harness.store import TraceStore
+from harness.trace import Trajectory
+
+REWARDED = ("ok", "truncated_turns", "truncated_context")
+
+
+@dataclass
+class RolloutStats:
+    """Live counters of a rollout, also its summary."""
+
+    total: int = 0
+    skipped: int = 0
+    done: int = 0
+    running: int = 0
+    resolved: int = 0
+    graded: int = 0
+    infra_errors: int = 0
+    retries: int = 0
+    turns: int = 0
+    action_tokens: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    started: float = field(default_factory=time.monotonic)
+
+    def add(self, traj: Trajectory) -> None:
+        self.done += 1
+        self.statuses[traj.status] += 1
+        self.turns += traj.turns
+        self.action_tokens += traj.num_action_tokens
+        if traj.status == "infra_error":
+            self.infra_errors += 1
+        if traj.reward is not None:
+            self.graded += 1
+            self.resolved += traj.reward > 0
+
+    def line(self) -> str:
+        el = max(time.monotonic() - self.started, 1e-9)
+        rate = f"{self.resolved / self.graded:.0%}" if self.graded else "-"
+        mean_turns = f"{self.turns / self.done:.1f}" if self.done else "-"
+        return (f"episodes {self.done}/{self.total - self.skipped} done, {self.running} running | resolved {rate} | "
+                f"mean turns {mean_turns} | {self.action_tokens / el:.1f} tok/s | infra errors {self.infra_errors}")
+
+
+def completed_counts(store: TraceStore) -> Counter:
+    """Per task, how many trajectories in the store count as done (everything but infra errors)."""
+    import pyarrow.parquet as pq
+
+    counts: Counter = Counter()
+    for shard in store.shards():
+        table = pq.read_table(shard, columns=["task_id", "status"])
+        for task_id, status in zip(table.column("task_id").to_pylist(), table.column("status").to_pylist()):
+            if status != "infra_error":
+                counts[task_id] += 1
+    return counts
+
+
+def prepare_images(cfg, tasks, log=print) -> None:
+    """Build missing task images when the source is a task repo; otherwise require them to exist."""
+    from envs.engine import ensure_engine
+    from harness.errors import UserError
+    from tasks.loaders import resolve_task_repo
+
+    client = ensure_engine(cfg.docker)
+    repo = resolve_task_repo(cfg.tasks.source)
+    if repo is not None:
+        from tasks.build import build_task_repo, resolve_base_image
+
+        base = resolve_base_image(cfg, client, log=log)
+        build_task_repo(client, repo, base, only=[t.instance_id for t in tasks], log=log)
+        return
+    missing = []
+    for t in tasks:
+        try:
+            client.images.get(t.image)
+        except Exception:
+            missing.append(t.image)
+    if missing:
+        raise UserError(f"{len(missing)} task image(s) missing locally, e.g. {missing[0]} (no registry is used here; "
+                        "build them with `sao tasks build --task-repo DIR` or pull them where a registry is reachable)")
+
+
+def start_policy(cfg):
+    """The engine and the started proxy that serves it on loopback."""
+    from transformers import AutoTokenizer
+
+    from harness.engines import make_engine
+    from harness.proxy import ProxyServer
+    from harness.tiny_model import resolve_model_path
+
+    path = resolve_model_path(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    engine = make_engine(cfg)
+    proxy = ProxyServer(engine, tokenizer, cfg)
+    proxy.start(port=0)
+    return engine, proxy
+
+
+def run_with_retries(task, ctx, stats: RolloutStats, max_retries: int) -> Trajectory:
+    from harness.episode import run_episode
+
+    for attempt in range(max_retries + 1):
+        traj = run_episode(task, ctx)
+        traj.metadata["attempt"] = attempt
+        if traj.status != "infra_error":
+            return traj
+        if attempt < max_retries:
+            stats.retries += 1
+    return traj
+
+
+def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajectory=None, log=print) -> RolloutStats:
+    """Run the rollout described by ``cfg``; ``engine``/``proxy`` may be given (tests, scripted policy).
+
+    ``grade=False`` leaves rewards unset (``eval`` grades in bulk); ``on_trajectory(traj, shard)`` is
+    called after each trajectory is stored."""
+    from envs.gc import run_scope
+    from harness.episode import EpisodeContext
+    from tasks.loaders import tasks_from_config
+
+    tasks, errors = tasks_from_config(cfg)
+    for e in errors:
+        log(f"skipping a task that does not validate: {e}")
+    runnable = [t for t in tasks if t.image]
+    for t in tasks:
+        if not t.image:
+            log(f"skipping {t.instance_id}: no image ({'; '.join(t.notes) or 'the row names none'})")
+    store = TraceStore(cfg.run.dir)
+    store.clean_partial()
+    done = completed_counts(store)
+    per_task = cfg.rollout.episodes_per_task
+    todo = [t for t in runnable for _ in range(max(0, per_task - done.get(t.instance_id, 0)))]
+    stats = RolloutStats(total=len(runnable) * per_task)
+    stats.skipped = stats.total - len(todo)
+    if stats.skipped:
+        log(f"resuming {cfg.run.dir}: {stats.skipped} episode(s) already in the trace store")
+    if not todo:
+        log("nothing to do: every task has its trajectories")
+        return stats
+    prepare_images(cfg, {t.instance_id: t for t in todo}.values(), log=log)
+    own = proxy is None
+    if own:
+        engine, proxy = start_policy(cfg)
+    run_id = f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    ctx = EpisodeContext(cfg=cfg, proxy=proxy, run_id=run_id, grade=grade)
+    lock = threading.Lock()
+    log(f"rollout: {len(todo)} episode(s), {cfg.rollout.workers} in parallel, traces -> {store.dir}")
+    try:
+        with run_scope(run_id), ThreadPoolExecutor(cfg.rollout.workers) as pool:
+            def one(task):
+                with lock:
+                    stats.running += 1
+                try:
+                    return run_with_retries(task, ctx, stats, cfg.rollout.max_retries)
+                finally:
+                    with lock:
+                        stats.running -= 1
+
+            futures = {pool.submit(one, t): t for t in todo}
+            try:
+                for fut in as_completed(futures):
+                    traj = fut.result()
+                    shard = store.write([traj])
+                    with lock:
+                        stats.add(traj)
+                    if on_trajectory is not None:
+                        on_trajectory(traj, shard)
+                    log(f"[{traj.task_id}] {traj.status} reward={traj.reward} turns={traj.turns} -> {shard.name}"
+                        f"\n  {stats.line()}")
+            except KeyboardInterrupt:
+                for f in futures:
+                    f.cancel()
+                raise
+    finally:
+        if own:
+            proxy.stop()
+            engine.close()
+    log(f"summary: {stats.done} episode(s): {dict(stats.statuses)}; resolved {stats.resolved}/{stats.graded} graded; "
+        f"{stats.infra_errors} infra error(s) after {stats.retries} retr{'y' if stats.retries == 1 else 'ies'}; "
+        f"{time.monotonic() - stats.started:.0f} s; traces in {store.dir}")
+    return stats
