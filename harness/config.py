@@ -58,18 +58,21 @@ class SamplingConfig(Section):
 class EngineConfig(Section):
     kind: Literal["hf", "vllm", "scripted"] = "hf"
     device: str = "cpu"
-    max_batch: int = Field(8, gt=0)
-    timeout_s: float = Field(600.0, gt=0)
+    max_batch: int = Field(8, gt=0)  # requests decoded together (hf)
+    timeout_s: float = Field(600.0, gt=0)  # per engine call
+    num_threads: int = Field(0, ge=0)  # hf: torch threads of the engine; 0 = automatic (1 for tiny models)
     # vllm only
     tensor_parallel_size: int = Field(1, gt=0)
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    max_model_len: int | None = Field(None, gt=0)
 
 
 class ProxyConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, lt=65536)
-    context_budget: int = Field(131_072, gt=0)
-    tool_format: Literal["native", "prompt"] = "native"
+    context_budget: int = Field(131_072, gt=0)  # tokens per episode; past it: finish_reason length, truncated_context
+    tool_format: Literal["native", "prompt"] = "native"  # the agent's tool-call format (native tools / prompt text)
+    full_history_check: bool = False  # compare every message every turn (catches in-place edits; O(history))
 
 
 class AgentConfig(Section):

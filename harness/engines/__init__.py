@@ -1,0 +1,45 @@
+"""Inference engines behind one protocol (``protocol.Engine``); ``make_engine(cfg)`` picks one.
+
+``hf``: transformers on CPU (tests, demo). ``vllm``: vLLM on GPUs (imported only when selected).
+``scripted``: a test double that replays given assistant replies.
+"""
+from __future__ import annotations
+
+from harness.engines.protocol import Engine, EngineError, EngineTimeout, GenerateResult, SamplingParams
+
+__all__ = ["Engine", "EngineError", "EngineTimeout", "GenerateResult", "SamplingParams", "make_engine",
+           "sampling_from_config"]
+
+
+def sampling_from_config(cfg, **overrides) -> SamplingParams:
+    """``cfg.sampling`` as ``SamplingParams``; keyword overrides that are not None win."""
+    s = cfg.sampling
+    base = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens)
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    return SamplingParams(**base)
+
+
+def make_engine(cfg, **kwargs) -> Engine:
+    """The engine named by ``cfg.engine.kind``; ``kwargs`` go to its constructor (e.g. ``replies=``)."""
+    from harness.tiny_model import resolve_model_path
+
+    kind = cfg.engine.kind
+    path = resolve_model_path(cfg.model)
+    if kind == "hf":
+        from harness.engines.hf import HFEngine
+
+        return HFEngine(path, device=cfg.engine.device, dtype=cfg.model.dtype, max_batch=cfg.engine.max_batch,
+                        timeout_s=cfg.engine.timeout_s, seed=cfg.run.seed,
+                        num_threads=cfg.engine.num_threads or None, **kwargs)
+    if kind == "vllm":
+        from harness.engines.vllm import VLLMEngine
+
+        return VLLMEngine(path, dtype=cfg.model.dtype, tensor_parallel_size=cfg.engine.tensor_parallel_size,
+                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+                          timeout_s=cfg.engine.timeout_s, seed=cfg.run.seed,
+                          max_model_len=cfg.engine.max_model_len, **kwargs)
+    if kind == "scripted":
+        from harness.engines.scripted import ScriptedEngine
+
+        return ScriptedEngine(path, timeout_s=cfg.engine.timeout_s, **kwargs)
+    raise EngineError(f"unknown engine.kind {kind!r} (expected hf, vllm or scripted)")

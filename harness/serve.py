@@ -1,0 +1,61 @@
+"""`sao serve`: an engine plus the token-exact proxy as a standalone OpenAI-compatible server.
+
+Any OpenAI-compatible scaffold can use it (base URL ``http://127.0.0.1:8000/v1``; send the episode in
+an ``X-Episode-Id`` header). ``POST /episodes/{id}/close`` writes that episode's trace to the run's
+trace store (``<run.dir>/traces``) and answers its ``traj_id`` and shard path; episodes still open at
+shutdown are written then. Loopback only.
+"""
+from __future__ import annotations
+
+
+def _serve(args) -> int:
+    import signal
+
+    import uvicorn
+
+    from harness.proxy import ProxyServer, check_loopback
+    from harness.store import TraceStore
+
+    cfg = args.cfg
+    if args.model:
+        cfg.model.path = args.model
+    host = args.host or cfg.proxy.host
+    port = cfg.proxy.port if args.port is None else args.port
+    check_loopback(host)
+
+    from harness.engines import make_engine
+    from harness.tiny_model import resolve_model_path
+
+    engine = make_engine(cfg)
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
+    store = TraceStore(cfg.run.dir)
+    proxy = ProxyServer(engine, tokenizer, cfg, store=store)
+    print(f"sao serve: {cfg.model.path} on the {cfg.engine.kind} engine at http://{host}:{port}/v1 "
+          f"(traces -> {store.dir})", flush=True)
+    def _term(signum, frame):
+        raise KeyboardInterrupt  # uvicorn re-raises the signal after its graceful shutdown: end here, cleanly
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        uvicorn.run(proxy.app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        written = proxy.close_all()
+        if written:
+            print(f"sao serve: wrote {len(written)} open episode trace(s) to {store.dir}", flush=True)
+        engine.close()
+    return 0
+
+
+def register(sub, add_config_args):
+    p = sub.add_parser("serve", help="engine + token-exact OpenAI-compatible proxy on loopback")
+    add_config_args(p)
+    p.add_argument("--model", metavar="PATH_OR_ID", default=None, help="model path or id (default: model.path)")
+    p.add_argument("--host", default=None, help="loopback address to bind (default: proxy.host, 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (default: proxy.port, 8000)")
+    p.set_defaults(func=_serve)
