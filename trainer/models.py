@@ -26,6 +26,8 @@ import re
 from pathlib import Path
 
 import torch
+
+from harness.engines.sampling import filter_logits_
 from torch import nn
 
 CRITIC_WEIGHTS = "critic.safetensors"
@@ -46,20 +48,10 @@ def sampling_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int =
                     top_p: float = 1.0) -> torch.Tensor:
     """logits [N, V] -> z [N, V]: divided by temperature, -inf at the tokens top-k / top-p drop.
 
-    Works in place on `logits` (pass a fresh fp32 tensor); no gradient flows through it.
+    The engine's rule (``harness.engines.sampling``), in place on ``logits`` (pass a fresh fp32
+    tensor); no gradient flows through it.
     """
-    z = logits.div_(temperature) if temperature != 1.0 else logits
-    vocab = z.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
-        z.masked_fill_(z < kth, -torch.inf)
-    if top_p < 1.0:
-        sorted_z, order = torch.sort(z, dim=-1, descending=False)
-        cumulative = sorted_z.softmax(dim=-1).cumsum_(dim=-1)
-        sorted_drop = cumulative <= 1.0 - top_p
-        sorted_drop[..., -1] = False  # keep the most probable token
-        z.masked_fill_(sorted_drop.scatter(-1, order, sorted_drop), -torch.inf)
-    return z
+    return filter_logits_(logits, temperature, top_p, top_k)
 
 
 def _chunk_logits(hidden, weight, bias, out, sampling):

@@ -27,24 +27,31 @@ def is_greedy(temperature: float) -> bool:
     return temperature < GREEDY_EPS
 
 
+def filter_logits_(z: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
+    """Steps 1-3 of the rule, IN PLACE on fp32 logits ``z`` [..., V]: ``z / T``, then -inf at the tokens
+    top-k and top-p drop. The trainer calls it on chunk buffers; no gradient flows through it."""
+    if temperature != 1.0:
+        z.div_(temperature)
+    vocab = z.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
+        z.masked_fill_(z < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=False)
+        cum = torch.softmax(sorted_z, dim=-1).cumsum_(dim=-1)
+        drop_sorted = cum <= 1.0 - top_p
+        drop_sorted[..., -1] = False  # the most likely token always stays
+        z.masked_fill_(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return z
+
+
 def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
     """Log-probs [..., V] (float32) of the sampling distribution for ``logits`` [..., V]; see module doc."""
     x = logits.float()
     if is_greedy(temperature):
         return torch.log_softmax(x, dim=-1)
-    x = x / temperature
-    vocab = x.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=False)
-        cum = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1)
-        drop_sorted = cum <= 1.0 - top_p
-        drop_sorted[..., -1] = False  # the most likely token always stays
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
-    return torch.log_softmax(x, dim=-1)
+    z = x.clone() if x is logits else x  # never modify the caller's logits
+    return torch.log_softmax(filter_logits_(z, temperature, top_p, top_k), dim=-1)
 
 
 def sample_token(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0,
