@@ -26,9 +26,9 @@ import re
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from harness.engines.sampling import filter_logits_
-from torch import nn
 
 CRITIC_WEIGHTS = "critic.safetensors"
 
