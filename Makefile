@@ -37,7 +37,7 @@ eval: setup docker
 	@$(SAO) eval --config $(CONFIG)
 
 bench: setup docker    ## benchmarks: each prints its figures and targets
-	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f; done
+	@set -e; for f in bench/*.py; do echo "== $$f"; $(PY) $$f; done
 
 clean:                 ## remove the venv, caches and run directories (not Docker images)
 	rm -rf $(VENV) .cache runs .pytest_cache *.egg-info
