@@ -1,28 +1,65 @@
-"""`sao eval ...`: grading now (step 3); the agent evaluation later (step 8).
+"""`sao eval ...`: evaluate a policy, grade predictions, compare evaluations.
 
-- ``sao eval --config F``: run the agent on an evaluation set (not built yet).
+- ``sao eval [--config F] [--gold] [--instances ID...] [--checkpoint DIR|ID|latest] [--name NAME]
+  [key.sub=value ...]``: the agent of a checkpoint (default ``model.path``) on ``eval.dataset`` with
+  ``eval.temperature``/``eval.top_p``; writes ``<run.dir>/eval/<name>/``: ``predictions.jsonl``
+  (SWE-bench format), the trace store, swebench's summary JSON, ``report.json|md|html``; resumable
+  (``eval.run``). ``--gold`` grades the gold patches first and stops if one does not resolve. The last
+  line is ``resolved: N/M guarded, K/M official``; exit 1 when an instance has no verdict (infra).
 - ``sao eval grade --dataset FILE --predictions FILE.jsonl|gold [--run-id ID] [--instances ID...]``:
   grade predictions against any swebench 5.x dataset (jsonl / parquet / task-repo dir / ``bundled``)
   whose images exist locally, with the official harness; official and guarded verdicts. Writes
   swebench's summary JSON (``<run_dir>/<model>.<run_id>.json``, untouched) and ours
   (``<run_dir>/grade.json``); the last line is ``resolved: N/M guarded, K/M official``.
-- ``sao eval compare``: compare evaluation runs (not built yet).
+- ``sao eval compare A B [--json]``: instance by instance, what changed between two evaluations.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
-from harness.errors import NotBuiltYet, UserError
+from harness.errors import UserError
 
 
-def _agent_eval(args):
-    raise NotBuiltYet("build step 8: agent evaluation (`sao eval grade` grades existing predictions)")
+def cmd_agent_eval(args) -> int:
+    from tasks.cli import apply_late_overrides
+
+    apply_late_overrides(args)
+    cfg = args.cfg
+    for flag, key in (("checkpoint", "checkpoint"), ("name", "name")):
+        if getattr(args, flag, None):
+            setattr(cfg.eval, key, getattr(args, flag))
+    if getattr(args, "gold", False):
+        cfg.eval.gold_preflight = True
+    if getattr(args, "instances", None):
+        cfg.eval.instances = list(dict.fromkeys(args.instances))
+    from eval.run import run_eval
+
+    out = run_eval(cfg, log=lambda msg: print(msg, flush=True))
+    r = out.report
+    for kind, path in out.files.items():
+        print(f"{kind}: {path}")
+    if r["hacking_attempts"]:
+        print(f"hacking attempts (test changes stripped before grading): "
+              f"{', '.join(f'{k} ({v})' for k, v in r['hacking_attempts'].items())}")
+    if r["infra_failures"]:
+        print(f"infra failures (no verdict, never a 0; rerun to retry): {', '.join(r['infra_failures'])}")
+    print(out.resolved_line)
+    sys.stdout.flush()
+    return 1 if r["infra_failures"] else 0
 
 
-def _compare(args):
-    raise NotBuiltYet("build step 8: comparing evaluation runs")
+def cmd_compare(args) -> int:
+    from eval.compare import compare, render
+
+    result = compare(args.a, args.b)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(render(result))
+    return 0
 
 
 def read_predictions(path: str, tasks_by_id: dict) -> tuple[list[dict], list[str]]:
@@ -188,13 +225,55 @@ def cmd_grade(args) -> int:
     return 1 if (line_errors or instance_errors or infra) else 0
 
 
+class _Choices(dict):
+    """Subcommand names, plus any ``key.sub=value``: an override where a subcommand could start."""
+
+    def __contains__(self, key) -> bool:
+        return super().__contains__(key) or (isinstance(key, str) and "=" in key)
+
+
+class _EvalSubcommands(argparse._SubParsersAction):
+    """``sao eval grade|compare ...`` as usual; ``sao eval [opts] key=value [opts]`` is the agent eval."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._name_parser_map = self.choices = _Choices()
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values and dict.__contains__(self._name_parser_map, values[0]):
+            return super().__call__(parser, namespace, values, option_string)
+        rest = argparse.ArgumentParser(prog=f"{parser.prog}", argument_default=argparse.SUPPRESS, add_help=False)
+        _agent_options(rest)
+        rest.add_argument("overrides", nargs="*")
+        sub = rest.parse_intermixed_args(values, namespace=argparse.Namespace(instances=None))
+        for key, value in vars(sub).items():
+            if value is None:
+                continue
+            if key in ("overrides", "late_overrides", "instances"):
+                value = list(getattr(namespace, key, None) or []) + list(value)
+            setattr(namespace, key, value)
+
+
+def _agent_options(p) -> None:
+    from tasks.cli import IdsAction
+
+    p.add_argument("--config", metavar="FILE.yaml", help="run config (default: configs/local.yaml when present)")
+    p.add_argument("--gold", action="store_true", help="grade the gold patches first; stop if one does not resolve")
+    p.add_argument("--instances", nargs="+", action=IdsAction, metavar="ID", help="evaluate only these instances")
+    p.add_argument("--checkpoint", metavar="DIR|ID|latest",
+                   help="trainer checkpoint, model dir or Hugging Face id (default: eval.checkpoint, else model.path)")
+    p.add_argument("--name", metavar="NAME", help="eval directory name under <run>/eval (default: <model>.<dataset>)")
+
+
 def register(sub, add_config_args):
     from tasks.cli import IdsAction
 
-    p = sub.add_parser("eval", help="evaluate: grade predictions with swebench (grade), run the agent (later)")
-    p.add_argument("--config", metavar="FILE.yaml", default=None, help="run config (agent evaluation)")
-    p.set_defaults(func=_agent_eval, takes_config=True, overrides=[])
-    esub = p.add_subparsers(dest="eval_command", metavar="SUBCOMMAND")
+    p = sub.add_parser("eval", help="evaluate a policy on a task set (agent + swebench), grade predictions, compare",
+                       description="sao eval [--config F] [--gold] [--instances ID...] [key.sub=value ...]: run the "
+                                   "agent and grade it; or a subcommand: grade, compare")
+    _agent_options(p)
+    p.set_defaults(func=cmd_agent_eval, takes_config=True, overrides=[])
+    esub = p.add_subparsers(dest="eval_command", metavar="{grade,compare} | key.sub=value", action=_EvalSubcommands)
 
     q = esub.add_parser("grade", help="grade a predictions file with the official swebench harness (+ guard)")
     q.add_argument("--dataset", metavar="FILE", help="swebench 5.x dataset: .jsonl/.parquet, a task repo dir, "
@@ -206,6 +285,8 @@ def register(sub, add_config_args):
     add_config_args(q)
     q.set_defaults(func=cmd_grade)
 
-    q = esub.add_parser("compare", help="compare evaluation runs (build step 8)")
-    add_config_args(q)
-    q.set_defaults(func=_compare)
+    q = esub.add_parser("compare", help="what changed between two evaluations, instance by instance")
+    q.add_argument("a", metavar="RUN_A", help="eval dir, its report.json, or a run dir (its newest eval)")
+    q.add_argument("b", metavar="RUN_B", help="the same for the other run")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.set_defaults(func=cmd_compare, takes_config=False)

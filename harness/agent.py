@@ -261,6 +261,8 @@ def classify_error(exc: BaseException) -> str:
     llm_exc = sdk["llm_exc"]
     if isinstance(e, (llm_exc.LLMContextWindowExceedError, llm_exc.LLMContextWindowTooSmallError)):
         return CONTEXT
+    if "context_length_exceeded" in str(e):  # the proxy's 400 for a prompt over the episode's token budget
+        return CONTEXT
     if isinstance(e, (llm_exc.LLMError, sdk["sandbox_tools"].SandboxUnavailable)):
         return INFRA
     import httpx

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import sys
 
-from harness.errors import NotBuiltYet
 
 
 def register(sub, add_config_args):
@@ -55,7 +54,9 @@ def cmd_rollout(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    raise NotBuiltYet("build step 8: make demo")
+    from eval.demo import run_demo
+
+    return run_demo(args.cfg)
 
 
 def cmd_model_tiny(args) -> int:

@@ -316,7 +316,7 @@ class Session:
             del prompt[mark:]
             self._set_status("truncated_context")
             self.errors.append(f"turn {self.turns + 1}: prompt of {mark + len(obs)} tokens over the budget {budget}")
-            raise ProxyError(400, f"prompt is {mark + len(obs)} tokens, the context budget (proxy.context_budget) is "
+            raise ProxyError(400, f"context_length_exceeded: prompt is {mark + len(obs)} tokens, the context budget (proxy.context_budget) is "
                                   f"{budget}: episode {self.episode_id} marked truncated_context",
                              "invalid_request_error", "context_length_exceeded")
         clipped = sp.max_tokens > left
