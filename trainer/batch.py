@@ -36,6 +36,11 @@ class TrajectoryBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def to(self, device: torch.device | str) -> "TrajectoryBatch":
+        """The same batch with its tensors on ``device`` (the model's)."""
+        return TrajectoryBatch(**{f.name: getattr(self, f.name) if isinstance(getattr(self, f.name), list)
+                                  else getattr(self, f.name).to(device) for f in fields(self)})
+
     def select(self, rows: list[int]) -> "TrajectoryBatch":
         """The sub-batch of `rows`, with padding trimmed to its longest row."""
         index = torch.tensor(rows, dtype=torch.long)

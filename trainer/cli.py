@@ -1,15 +1,45 @@
-"""`sao train`, `sao value-pretrain`, `sao runs` (build step 7)."""
-from harness.errors import NotBuiltYet
+"""`sao train`, `sao value-pretrain`, `sao runs plot RUN` (heavy imports happen in the handlers)."""
+from __future__ import annotations
 
-
-def _not_built(args):
-    raise NotBuiltYet("build step 7: asynchronous SAO training")
+import sys
 
 
 def register(sub, add_config_args):
-    for name, help_ in [("train", "asynchronous SAO training"),
-                        ("value-pretrain", "regress the critic on Monte-Carlo returns of stored traces"),
-                        ("runs", "inspect run directories (plot curves)")]:
-        p = sub.add_parser(name, help=help_)
-        add_config_args(p)
-        p.set_defaults(func=_not_built)
+    p = sub.add_parser("train", help="asynchronous SAO training (trainer.mode=sync: the group baseline); "
+                                     "resumes a run directory that has a checkpoint")
+    add_config_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("value-pretrain", help="regress the critic on Monte-Carlo returns of stored traces")
+    add_config_args(p)
+    p.set_defaults(func=cmd_value_pretrain)
+
+    p = sub.add_parser("runs", help="inspect run directories")
+    rsub = p.add_subparsers(dest="runs_cmd", metavar="ACTION", required=True)
+    plot = rsub.add_parser("plot", help="PNG curves of a run's metrics (into RUN/plots)")
+    plot.add_argument("run", metavar="RUN", help="a run directory (holding metrics.jsonl)")
+    plot.add_argument("--out", metavar="DIR", default=None, help="write the PNGs here instead of RUN/plots")
+    plot.set_defaults(func=cmd_runs_plot)
+
+
+def cmd_train(args) -> int:
+    from trainer.loop import LoopError, train
+
+    try:
+        train(args.cfg, log=lambda msg: print(msg, flush=True))
+    except LoopError as e:
+        print(f"sao train: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_value_pretrain(args) -> int:
+    from trainer.value_pretrain import cmd_value_pretrain as run
+
+    return run(args)
+
+
+def cmd_runs_plot(args) -> int:
+    from trainer.plots import cmd_runs_plot as run
+
+    return run(args)

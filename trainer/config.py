@@ -76,6 +76,19 @@ class TrainerConfig(BaseModel):
     env: Literal["swe", "simulated"] = "swe"  # swe: OpenHands episodes in Docker; simulated: a sleeping env (bench)
     ray_address: str | None = None  # None: start a local Ray; else the address of a cluster
     keep_checkpoints: int = Field(3, gt=0)  # checkpoints kept in <run>/checkpoints
+    # waits of the loop: each one that runs out is an error naming what it waited for (no hangs)
+    poll_interval_s: float = Field(0.2, gt=0)  # how often the trainer looks for new trace shards
+    batch_timeout_s: float = Field(1800.0, gt=0)  # waiting for a batch with no new trajectory for this long: error
+    publish_timeout_s: float = Field(300.0, gt=0)  # a weight update the engine has not applied within this: error
+    actor_timeout_s: float = Field(600.0, gt=0)  # starting the engine / workers, stopping them, other actor calls
+    # env=simulated (tests, bench): real generations through the proxy, synthetic observations, sleeps
+    sim_turns_median: float = Field(4.0, gt=0)  # turns per episode ~ LogNormal(log(median), sigma), in [1, max]
+    sim_turns_sigma: float = Field(0.0, ge=0)  # 0: every episode has `median` turns
+    sim_turns_max: int = Field(16, gt=0)
+    sim_env_sleep_s: float = Field(0.02, ge=0)  # the environment's time per turn (the "tool execution")
+    sim_infra_error_rate: float = Field(0.0, ge=0, le=1)  # fraction of episodes that end as injected infra_error
+    sim_engine_s: float | None = Field(None, gt=0)  # None: the configured engine generates; a number: a stand-in
+    #                                               engine that sleeps this long per turn (bench: the pipeline, not the model)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "TrainerConfig":

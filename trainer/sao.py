@@ -32,8 +32,8 @@ from trainer.models import Critic, critic_freeze_patterns, freeze_parameters, po
 
 
 def _rows(x: torch.Tensor, mb: TrajectoryBatch, rows: list[int]) -> torch.Tensor:
-    """The rows of a [B, T] tensor that make up micro-batch mb (trimmed to its width)."""
-    return x[torch.tensor(rows, dtype=torch.long), :mb.input_ids.shape[1]]
+    """The rows of a [B, T] tensor that make up micro-batch mb (trimmed to its width), on mb's device."""
+    return x[torch.tensor(rows, dtype=torch.long), :mb.input_ids.shape[1]].to(mb.input_ids.device)
 
 
 def compute_advantages(batch: TrajectoryBatch, values: torch.Tensor | None, config: TrainerConfig,
@@ -112,6 +112,7 @@ class SAOTrainer:
             raise ValueError("critic: advantage='gae' needs a critic (pass Critic.from_policy(policy))")
         self.policy, self.critic, self.config = policy, critic, config
         self.policy_version = policy_version
+        self.device = next(policy.parameters()).device  # micro-batches move here; GAE and metrics stay on CPU
         self.pad_token_id = getattr(policy.config, "pad_token_id", None) or 0
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
         self.policy_optimizer = torch.optim.AdamW(self.policy_params, lr=config.lr, weight_decay=config.weight_decay)
@@ -147,9 +148,9 @@ class SAOTrainer:
     def compute_values(self, batch: TrajectoryBatch, groups: list[list[int]]) -> torch.Tensor:
         values = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for rows in groups:
-            mb = batch.select(rows)
+            mb = batch.select(rows).to(self.device)
             v = torch.where(mb.attention_mask, self.critic(mb.input_ids, mb.attention_mask), 0.0)
-            values[torch.tensor(rows)[:, None], torch.arange(v.shape[1])[None, :]] = v
+            values[torch.tensor(rows)[:, None], torch.arange(v.shape[1])[None, :]] = v.float().cpu()
         return values
 
     def _critic_steps(self, batch, groups, returns, values_old) -> dict[str, float]:
@@ -164,7 +165,7 @@ class SAOTrainer:
             self.critic_optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for rows in groups:
-                mb = batch.select(rows)
+                mb = batch.select(rows).to(self.device)
                 v = self.critic(mb.input_ids, mb.attention_mask)
                 loss = value_loss(v, _rows(returns, mb, rows), mb.action_mask, _rows(values_old, mb, rows),
                                   clip=cfg.value_clip, normalizer=n_action)
@@ -187,7 +188,7 @@ class SAOTrainer:
         self.policy_optimizer.zero_grad(set_to_none=True)
         num_kept = 0.0
         for rows in groups:
-            mb = batch.select(rows)
+            mb = batch.select(rows).to(self.device)
             logp, entropy = policy_token_logprobs(self.policy, mb.input_ids, mb.attention_mask, mb.action_mask,
                                                   cfg.temperature, cfg.top_k, cfg.top_p, cfg.logprob_chunk)
             loss_sum, metrics = policy_loss(logp, mb.logp_rollout, _rows(advantages, mb, rows), mb.action_mask,
@@ -195,7 +196,7 @@ class SAOTrainer:
             loss_sum.backward()
             num_kept += metrics.get("num_kept_tokens", 0.0)
             index = (torch.tensor(rows)[:, None], torch.arange(logp.shape[1])[None, :])
-            logp_all[index], entropy_all[index] = logp.detach(), entropy.detach()
+            logp_all[index], entropy_all[index] = logp.detach().cpu(), entropy.detach().cpu()
         if cfg.policy_loss == "dis" and cfg.dis_denominator == "kept":
             n = num_kept
         else:

@@ -1,0 +1,147 @@
+"""The simulated environment (`trainer.env: simulated`): what the tests and the benchmark run instead of Docker.
+
+An episode is an OpenHands episode without the sandbox: real engine generations through the proxy
+(HTTP, `X-Episode-Id`), a system and a user message, then per turn one chat completion, a sleep of
+`trainer.sim_env_sleep_s` (the "tool execution") and a synthetic observation message. Its number of
+turns is drawn from LogNormal(log(sim_turns_median), sim_turns_sigma) clipped to [1, sim_turns_max],
+seeded by the episode id. The trajectory is the proxy's (`close_episode`), so it is token-exact and
+carries the version of every sampled token, exactly as in `env=swe`.
+
+- Reward (deterministic): the fraction of the episode's action tokens whose id is even.
+- Infra errors: an HTTP failure, or one injected with probability `sim_infra_error_rate` (seeded by
+  the episode id: it stops after its first turn). Status `infra_error`, no reward, never a 0.
+- `SleepEngine` (`sim_engine_s`): a stand-in engine that sleeps per call and samples uniformly, so
+  that the benchmark measures the pipeline (workers, engine, trace store, trainer, weight publishing),
+  not the model.
+"""
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from typing import Any
+
+from harness.engines.protocol import Engine, GenerateResult, SamplingParams
+from harness.trace import REWARDED_STATUSES, Trajectory
+
+SYSTEM = "You are a coding agent working in a simulated environment. Reply with your next step."
+
+
+def episode_turns(rng: random.Random, median: float, sigma: float, max_turns: int) -> int:
+    """Turns of one episode: LogNormal(log(median), sigma), rounded and clipped to [1, max_turns]."""
+    n = median if sigma == 0 else rng.lognormvariate(math.log(median), sigma)
+    return max(1, min(max_turns, round(n)))
+
+
+def reward_rule(traj: Trajectory) -> float:
+    """The fraction of action tokens with an even id (0 without action tokens)."""
+    ids = [t for s in traj.segments if s.kind == "action" for t in s.token_ids]
+    return sum(t % 2 == 0 for t in ids) / len(ids) if ids else 0.0
+
+
+def observation(turn: int, rng: random.Random) -> str:
+    words = ["ok", "PASSED", "FAILED", "line", "def", "return", "import", "error", "test", "file"]
+    return f"[exit code {rng.randint(0, 1)}] turn {turn}: " + " ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
+
+
+_client_lock = threading.Lock()
+_client = None
+
+
+def _http():
+    global _client
+    with _client_lock:
+        if _client is None:
+            import httpx
+
+            _client = httpx.Client(limits=httpx.Limits(max_keepalive_connections=8))
+        return _client
+
+
+def run_simulated_episode(task, ctx, episode_id: str) -> Trajectory:
+    """One simulated episode of `task` (`ctx`: `harness.episode.EpisodeContext`); never raises for what
+    goes wrong inside it: the trajectory's status says how it ended (see the module doc)."""
+    from harness.proxy import UnknownEpisode
+
+    cfg, tc = ctx.cfg, ctx.cfg.trainer
+    rng = random.Random(episode_id)
+    planned = episode_turns(rng, tc.sim_turns_median, tc.sim_turns_sigma, tc.sim_turns_max)
+    inject = rng.random() < tc.sim_infra_error_rate
+    url = ctx.proxy.base_url.rstrip("/") + "/chat/completions"
+    headers = {"X-Episode-Id": episode_id, "X-Task-Id": task.instance_id}
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                      {"role": "user", "content": task.problem_statement[:500] or task.instance_id}]
+    status, error, t0 = "ok", None, time.monotonic()
+    for turn in range(planned):
+        try:
+            r = _http().post(url, headers=headers, timeout=cfg.engine.timeout_s + 30,
+                             json={"model": cfg.agent.model, "messages": messages,
+                                   "max_tokens": cfg.sampling.max_tokens})
+        except Exception as e:  # the proxy or the engine is gone: infrastructure
+            status, error = "infra_error", f"proxy request failed: {type(e).__name__}: {e}"
+            break
+        if r.status_code != 200:
+            body = r.text[:300]
+            if "context_length_exceeded" in body:
+                status = "truncated_context"
+            else:
+                status, error = "infra_error", f"proxy answered {r.status_code}: {body}"
+            break
+        messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""})
+        if inject:
+            status, error = "infra_error", "injected by the simulated environment (sim_infra_error_rate)"
+            break
+        time.sleep(tc.sim_env_sleep_s)
+        messages.append({"role": "user", "content": observation(turn, rng)})
+    try:
+        traj = ctx.proxy.close_episode(episode_id)
+    except UnknownEpisode:  # no turn was served
+        traj = Trajectory(task_id=task.instance_id)
+    traj.traj_id, traj.task_id = episode_id, task.instance_id
+    if status == "ok" and traj.status in ("truncated_context", "infra_error"):
+        status = traj.status  # the proxy saw it end that way
+    traj.status, traj.reward = status, None
+    if status in REWARDED_STATUSES:
+        traj.reward = reward_rule(traj)
+    traj.metadata.update(env="simulated", planned_turns=planned, run_id=ctx.run_id)
+    if error:
+        traj.metadata["infra_error"] = error
+    traj.timings = {**traj.timings, "episode_s": time.monotonic() - t0}
+    return traj.validate()
+
+
+class SleepEngine(Engine):
+    """A stand-in engine for the benchmark: each `generate` sleeps `turn_s` (any number in parallel)
+    and returns `tokens_per_turn` uniform token ids (the last one EOS) with their uniform logprob."""
+
+    kind = "sleep"
+
+    def __init__(self, turn_s: float, vocab_size: int, eos_id: int, tokens_per_turn: int = 4, seed: int = 0,
+                 first_id: int = 16, timeout_s: float = 600.0):
+        self.turn_s, self.vocab, self.eos, self.n, self.first = turn_s, vocab_size, eos_id, tokens_per_turn, first_id
+        self.timeout_s = timeout_s
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._version = 0
+        self.calls = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams, timeout: float | None = None) -> GenerateResult:
+        time.sleep(self.turn_s)
+        n = max(1, min(self.n, sampling.max_tokens))
+        with self._lock:
+            ids = [self._rng.randrange(self.first, self.vocab) for _ in range(n - 1)] + [self.eos]
+            self.calls += 1
+            v = self._version
+        lp = -math.log(self.vocab - self.first)
+        return GenerateResult(ids, [lp] * n, "stop", [v] * n)
+
+    def update_weights(self, version: int, weights: dict[str, Any], timeout: float | None = None) -> None:
+        self._version = version
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": True, "kind": self.kind, "version": self._version, "calls": self.calls}
