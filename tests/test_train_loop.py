@@ -210,10 +210,10 @@ def test_kill9_then_resume_loses_and_duplicates_nothing(ray_address, project_roo
     assert set(consumed) <= set(store_ids)
     assert before <= set(store_ids), "a stored trajectory was lost"
     assert consumed[:len(killed_at["consumed"])] == killed_at["consumed"]  # one lineage
-    assert (before - set(killed_at["consumed"])) & set(consumed), "the killed run's later trajectories were not used"
+    leftover = before - set(killed_at["consumed"])  # stored before the kill, not in the checkpoint's lineage
+    if leftover:  # the kill may land before any episode ended after the checkpoint
+        assert leftover & set(consumed), "the killed run's later trajectories were not used"
     assert final["counters"]["trained"] == 18
-    pending = set(store_ids) - set(consumed)
-    assert set(store_ids) == set(consumed) | pending
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))
     assert not list((run_dir / "traces").glob(".shard-*"))
 
