@@ -6,9 +6,9 @@
 2. ``sao train``: SAO training -> checkpoints, metrics (then ``sao runs plot`` -> curves);
 3. ``sao eval``: the base model and, when training wrote one, the newest checkpoint, on the same
    tasks -> predictions, swebench's summary, the report; then ``sao eval compare`` of the two.
-What is missing (images, base image, tiny model) is built by the stages themselves. A stage that is
-not built yet (exit 3) is reported and the others still run. Returns 0 when every stage ran, 3 when
-one is not built yet, 1 when one failed. Ends with where the traces, checkpoints, curves and report are.
+What is missing (images, base image, tiny model) is built by the stages themselves. A stage that
+fails is reported and the others still run. Returns 0 when every stage ran, 1 when one failed. Ends
+with where the traces, checkpoints, curves and report are.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-NOT_BUILT = 3
 # one task per bundled repository, mixed difficulty: the demo's wall time stays in minutes on 2 cores
 DEMO_INSTANCES = ["sao-harness__minicfg-11", "sao-harness__semverkit-31", "sao-harness__spanlib-24",
                   "sao-harness__tablefmt-9"]
@@ -58,7 +57,7 @@ def run_demo(cfg, log=print) -> int:
     conf = (run_dir / "demo.yaml").resolve()
     conf.write_text(dump_config(cfg))
     base = ["--config", str(conf)]
-    stages: dict[str, str] = {}  # stage -> ok | not built yet | failed (exit N)
+    stages: dict[str, str] = {}  # stage -> ok | failed (exit N)
     times: dict[str, float] = {}
 
     def stage(name: str, args: list[str]) -> int:
@@ -66,7 +65,7 @@ def run_demo(cfg, log=print) -> int:
         t0 = time.monotonic()
         rc = _sao(args, log)
         times[name] = time.monotonic() - t0
-        stages[name] = "ok" if rc == 0 else ("not built yet" if rc == NOT_BUILT else f"failed (exit {rc})")
+        stages[name] = "ok" if rc == 0 else f"failed (exit {rc})"
         log(f"=== demo: {name}: {stages[name]} ({times[name]:.0f} s)")
         return rc
 
@@ -100,10 +99,7 @@ def run_demo(cfg, log=print) -> int:
     for e in evals:
         if (e / "report.html").is_file():
             log(f"report:      {e / 'report.html'} (also report.md, report.json, predictions.jsonl)")
-    missing = [n for n, s in stages.items() if s == "not built yet"]
     failed = [n for n, s in stages.items() if s.startswith("failed")]
-    if missing:
-        log(f"not built yet: {', '.join(missing)} (the other stages ran)")
     if failed:
         log(f"failed: {', '.join(failed)}")
-    return 1 if failed else (NOT_BUILT if missing else 0)
+    return 1 if failed else 0

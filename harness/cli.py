@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from harness.errors import NotBuiltYet, UserError
+from harness.errors import UserError
 
 AREAS = ("harness.commands", "harness.serve", "envs.cli", "tasks.cli", "eval.cli", "trainer.cli")
 
@@ -61,9 +61,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         rc = args.func(args)
-    except NotBuiltYet as e:
-        print(f"sao {args.command}: not built yet ({e})", file=sys.stderr)
-        return 3
     except (UserError, ConfigError) as e:
         print(f"sao {args.command}: {e}", file=sys.stderr)
         return 2

@@ -3,7 +3,3 @@
 
 class UserError(Exception):
     """Bad input from the user (a file, a flag, a task id): one line naming it, exit code 2."""
-
-
-class NotBuiltYet(Exception):
-    """A capability that a later build step delivers."""
