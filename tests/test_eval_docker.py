@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from envs_fixtures import docker_engine  # noqa: F401  (the shared engine fixture)
 
 pytestmark = pytest.mark.docker
 
@@ -23,15 +24,8 @@ ROOMY = ["sampling.max_tokens=4096", "proxy.context_budget=65536", "agent.max_it
 
 
 @pytest.fixture(scope="module")
-def client():
-    from envs.config import DockerConfig
-    from envs.engine import ensure_engine
-    from envs.errors import EngineError
-
-    try:
-        return ensure_engine(DockerConfig())
-    except EngineError as e:
-        pytest.skip(f"no Docker engine: {e}")
+def client(docker_engine):
+    return docker_engine
 
 
 @pytest.fixture(scope="module")

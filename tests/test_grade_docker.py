@@ -14,20 +14,14 @@ import pytest
 
 from harness.cli import main
 from tasks_fixtures import TASK_IDS, make_task_repo, prediction, unapplicable_patch
+from envs_fixtures import docker_engine  # noqa: F401  (the shared engine fixture)
 
 pytestmark = pytest.mark.docker
 
 
 @pytest.fixture(scope="module")
-def client():
-    from envs.config import DockerConfig
-    from envs.engine import ensure_engine
-    from envs.errors import EngineError
-
-    try:
-        return ensure_engine(DockerConfig())
-    except EngineError as e:
-        pytest.skip(f"no Docker engine: {e}")
+def client(docker_engine):
+    return docker_engine
 
 
 @pytest.fixture(scope="module")

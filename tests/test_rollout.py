@@ -17,18 +17,12 @@ from harness.scripted_policy import ScriptedPolicyEngine, tool_call
 from harness.store import TraceStore
 from tasks.loaders import load_tasks
 
+from envs_fixtures import docker_engine  # noqa: F401  (the shared engine fixture)
+
 pytestmark = pytest.mark.docker
 
 TASK = "sao-harness__minicfg-8"
 TASK2 = "sao-harness__spanlib-5"
-
-
-@pytest.fixture(scope="module")
-def docker_ready(project_root):
-    from envs.engine import ensure_engine
-
-    ensure_engine()
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +63,7 @@ def rollout(cfg, engine, tokenizer):
         proxy.stop()
 
 
-def test_scripted_gold_episode_resolves_and_trace_is_what_the_engine_emitted(docker_ready, project_root, tmp_path,
+def test_scripted_gold_episode_resolves_and_trace_is_what_the_engine_emitted(docker_engine, project_root, tmp_path,
                                                                              tokenizer):
     cfg = make_cfg(project_root, tmp_path, f"tasks.instances=[{TASK}]", "rollout.workers=1")
     tasks = load_tasks("bundled", instances=[TASK])
@@ -87,7 +81,7 @@ def test_scripted_gold_episode_resolves_and_trace_is_what_the_engine_emitted(doc
     assert traj.segments[0].kind == "observation" and traj.segments[-1].kind == "action"
 
 
-def test_turn_limit_gives_truncated_turns(docker_ready, project_root, tmp_path, tokenizer):
+def test_turn_limit_gives_truncated_turns(docker_engine, project_root, tmp_path, tokenizer):
     cfg = make_cfg(project_root, tmp_path, f"tasks.instances=[{TASK}]", "rollout.workers=1", "agent.max_iterations=3")
     tasks = load_tasks("bundled", instances=[TASK])
     replies = [tool_call("terminal", {"command": f"echo step {i}"}) for i in range(10)]
@@ -99,7 +93,7 @@ def test_turn_limit_gives_truncated_turns(docker_ready, project_root, tmp_path, 
     assert traj.reward == 0.0  # graded: an empty patch resolves nothing
 
 
-def test_container_killed_mid_episode_is_infra_error_without_reward(docker_ready, project_root, tmp_path, tokenizer):
+def test_container_killed_mid_episode_is_infra_error_without_reward(docker_engine, project_root, tmp_path, tokenizer):
     from envs.engine import docker_client
 
     cfg = make_cfg(project_root, tmp_path, f"tasks.instances=[{TASK}]", "rollout.workers=1", "rollout.max_retries=1")
@@ -121,7 +115,7 @@ def test_container_killed_mid_episode_is_infra_error_without_reward(docker_ready
     assert "infra_error" in traj.metadata
 
 
-def test_tiny_model_rollout_writes_valid_traces_and_resumes(docker_ready, project_root, tmp_path):
+def test_tiny_model_rollout_writes_valid_traces_and_resumes(docker_engine, project_root, tmp_path):
     """`sao rollout` with the tiny model (hf engine) on two tasks; a second invocation resumes."""
     run = lambda: subprocess.run(
         [sys.executable, "-m", "harness.cli", "rollout", "--config", "configs/local.yaml", f"run.root={tmp_path}",
