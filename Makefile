@@ -37,7 +37,8 @@ eval: setup docker
 	@$(SAO) eval --config $(CONFIG)
 
 bench: setup docker    ## benchmarks: each prints its figures and targets
-	@set -e; for f in bench/*.py; do echo "== $$f"; $(PY) $$f; done
+	@failed=""; for f in bench/*.py; do echo "== $$f"; $(PY) $$f || failed="$$failed $$f"; done; \
+	 if [ -n "$$failed" ]; then echo "bench: targets missed or errors in:$$failed"; exit 1; fi
 
 clean:                 ## remove the venv, caches and run directories (not Docker images)
 	rm -rf $(VENV) .cache runs .pytest_cache *.egg-info
