@@ -45,11 +45,16 @@ def _load(args: argparse.Namespace):
     return load_config(path, args.overrides)
 
 
-def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+def _quiet_torch() -> None:
+    """The OpenHands SDK raises logging to INFO; torch then prints cache statistics at exit."""
     import logging
 
-    logging.getLogger("torch").setLevel(logging.WARNING)  # the SDK raises the root logger to INFO
+    for name in ["torch", *[n for n in logging.root.manager.loggerDict if n.startswith("torch.")]]:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     parser = build_parser()
     args = parser.parse_args(argv)
     from harness.config import ConfigError
@@ -67,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"sao {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        _quiet_torch()
     return int(rc or 0)
 
 
