@@ -327,15 +327,9 @@ def gold_preflight(cfg, tasks, paths: EvalPaths, client, log=print) -> None:
 # --- the run -------------------------------------------------------------------------------
 def _lock_dir(d: Path):
     """An exclusive lock on ``d/.lock`` for this process (released when the file object is closed)."""
-    import fcntl
+    from harness.runlock import lock_file
 
-    f = open(d / ".lock", "w")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise UserError(f"another `sao eval` is running on {d}; wait for it or set eval.name=OTHER") from None
-    return f
+    return lock_file(d / ".lock", f"another `sao eval` is running on {d}; wait for it or set eval.name=OTHER")
 
 
 @dataclass

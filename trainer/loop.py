@@ -29,7 +29,6 @@
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -40,6 +39,7 @@ from pathlib import Path
 import torch
 
 from harness.errors import UserError
+from harness.runlock import lock_file
 
 
 class LoopError(RuntimeError):
@@ -316,12 +316,7 @@ def train(cfg, *, update_fn=None, log=print) -> dict:
     cfg = _resolved(cfg)
     run_dir = cfg.run.dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    lock = open(run_dir / ".train.lock", "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        raise UserError(f"{run_dir} is in use by another `sao train`") from None
+    lock = lock_file(run_dir / ".train.lock", f"{run_dir} is in use by another `sao train`")
     try:
         return _train(cfg, update_fn, log)
     finally:
