@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.config import load_config  # noqa: E402
+from sao.config import load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

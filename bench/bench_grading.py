@@ -27,8 +27,8 @@ def main() -> int:
     from envs.config import DockerConfig
     from envs.engine import ensure_engine
     from envs.images import ensure_base_image
-    from eval.grade import RESOLVED, grade, image_exists, new_run_id
-    from harness.config import load_config
+    from tasks.grade import RESOLVED, grade, image_exists, new_run_id
+    from sao.config import load_config
     from tasks.build import build_task_repo
     from tasks.cli import hack_patch
     from tasks.loaders import BUNDLED, load_task_repo, load_tasks_lenient

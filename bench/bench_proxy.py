@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from harness.config import load_config  # noqa: E402
+from sao.config import load_config  # noqa: E402
 from harness.engines.scripted import ScriptedEngine  # noqa: E402
 from harness.proxy import ProxyServer  # noqa: E402
 from harness.tiny_model import ensure_tiny_model  # noqa: E402

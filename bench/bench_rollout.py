@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.config import load_config  # noqa: E402
+from sao.config import load_config  # noqa: E402
 from harness.proxy import ProxyServer  # noqa: E402
 from harness.rollout import run_rollout  # noqa: E402
 from harness.scripted_policy import ScriptedPolicyEngine, tool_call  # noqa: E402

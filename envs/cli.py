@@ -9,7 +9,7 @@ import argparse
 import functools
 import sys
 
-from harness.errors import UserError
+from core.errors import UserError
 
 
 def _faults(func):

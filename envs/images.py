@@ -25,6 +25,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from core.files import atomic_write
 from envs.config import DockerConfig
 from envs.errors import ImageBuildError, ImageNotFound
 from envs.hostpkg import ensure_programs
@@ -242,11 +243,12 @@ def import_rootfs(client, root: Path, tag: str, changes=CHANGES) -> None:
 def save_image_file(client, tag: str, path: Path) -> None:
     """``docker save tag | gzip -1 > path``, written to a temporary name and renamed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with gzip.open(tmp, "wb", compresslevel=1) as out:
-        for chunk in client.images.get(tag).save(chunk_size=1 << 20, named=True):
-            out.write(chunk)
-    os.replace(tmp, path)
+    def write(raw):
+        with gzip.open(raw, "wb", compresslevel=1) as out:
+            for chunk in client.images.get(tag).save(chunk_size=1 << 20, named=True):
+                out.write(chunk)
+
+    atomic_write(path, write)
 
 
 def load_image_file(client, path: Path) -> None:

@@ -20,13 +20,10 @@ import json
 import sys
 from pathlib import Path
 
-from harness.errors import UserError
+from core.errors import UserError
 
 
 def cmd_agent_eval(args) -> int:
-    from tasks.cli import apply_late_overrides
-
-    apply_late_overrides(args)
     cfg = args.cfg
     for flag, key in (("checkpoint", "checkpoint"), ("name", "name")):
         if getattr(args, flag, None):
@@ -64,7 +61,7 @@ def cmd_compare(args) -> int:
 
 def read_predictions(path: str, tasks_by_id: dict) -> tuple[list[dict], list[str]]:
     """(valid predictions, one error line per bad prediction line)."""
-    from eval.guard import InvalidPatch, parse_patch
+    from tasks.guard import InvalidPatch, parse_patch
 
     p = Path(path)
     if not p.is_file():
@@ -121,12 +118,9 @@ def cmd_grade(args) -> int:
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from eval.grade import INFRA, RESOLVED, LOG_ROOT, RUN_ID_RE, grade, image_exists, new_run_id
+    from tasks.grade import INFRA, RESOLVED, LOG_ROOT, RUN_ID_RE, grade, image_exists, new_run_id
     from tasks.loaders import load_tasks_lenient
 
-    from tasks.cli import apply_late_overrides
-
-    apply_late_overrides(args)
     cfg = args.cfg
     dataset = args.dataset or cfg.eval.dataset
     tasks, bad_rows = load_tasks_lenient(dataset, split=cfg.eval.split, adapter="auto")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.errors import UserError
+from core.errors import UserError
 
 KINDS = ("newly_resolved", "newly_failed", "unchanged_resolved", "unchanged_unresolved", "only_in_a", "only_in_b")
 

@@ -305,7 +305,7 @@ def write_report(eval_dir, *, tasks, preds, grades, episodes, manifest, swebench
 
 def load_report(path) -> dict:
     """A ``report.json`` (or the eval directory holding one)."""
-    from harness.errors import UserError
+    from core.errors import UserError
 
     p = Path(path)
     if p.is_dir():

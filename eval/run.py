@@ -9,7 +9,7 @@
 2. runs the episodes (``harness.rollout.run_rollout``, sampling ``eval.temperature``/``eval.top_p``)
    into ``<run.dir>/eval/<name>/traces`` and appends one SWE-bench prediction per instance to
    ``predictions.jsonl`` as soon as its episode ends (an infra error gets none: it is retried);
-3. grades each prediction with ``eval.grade.grade`` (official + guarded verdicts), one line per
+3. grades each prediction with ``tasks.grade.grade`` (official + guarded verdicts), one line per
    instance in ``grades.jsonl``; writes swebench's summary JSON and the report (``eval.report``).
 Resumable: an instance with a prediction is not run again, one with a verdict not graded again.
 Every ``.jsonl`` line is written with one ``write`` on an ``O_APPEND`` descriptor and fsynced; a torn
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.errors import UserError
+from core.errors import UserError
 
 PRED_KEYS = ("instance_id", "model_name_or_path", "model_patch")
 FINGERPRINT = ("model_path", "dataset", "split", "sampling", "max_iterations", "context_budget", "guard")
@@ -202,8 +202,6 @@ def eval_name(cfg, policy: Policy) -> str:
 def eval_run_config(cfg, *, name: str, model_path: str, instances: list[str]):
     """The config of the eval's rollout: run dir ``<run.dir>/eval/<name>``, the eval dataset and
     instances, the policy, and ``eval.temperature``/``eval.top_p`` in place of ``sampling.*``."""
-    from harness.config import Config
-
     data = cfg.model_dump(mode="json")
     data["run"]["root"] = str(Path(cfg.run.dir) / "eval")
     data["run"]["name"] = name
@@ -215,7 +213,7 @@ def eval_run_config(cfg, *, name: str, model_path: str, instances: list[str]):
     data["tasks"] = {"source": cfg.eval.dataset, "split": cfg.eval.split, "adapter": "auto", "instances": instances}
     data["rollout"]["workers"] = cfg.eval.workers or cfg.rollout.workers
     data["rollout"]["episodes_per_task"] = 1
-    return Config.model_validate(data)
+    return type(cfg).model_validate(data)
 
 
 # --- tasks and images ----------------------------------------------------------------------
@@ -263,7 +261,7 @@ def registry_unreachable_reason(timeout: float = 4.0) -> str | None:
 
 def ensure_images(cfg, client, tasks, log=print) -> None:
     """Build a task repo's missing images; pull other missing ones where Docker Hub answers; else fail."""
-    from eval.grade import image_exists
+    from tasks.grade import image_exists
     from tasks.loaders import resolve_task_repo
 
     repo = resolve_task_repo(cfg.eval.dataset)
@@ -301,7 +299,7 @@ def gold_preflight(cfg, tasks, paths: EvalPaths, client, log=print) -> None:
     """Grade every task's gold patch; raise UserError naming those that do not resolve."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from eval.grade import RESOLVED, grade, new_run_id
+    from tasks.grade import RESOLVED, grade, new_run_id
 
     run_id = new_run_id("gold")
     root = paths.dir / "preflight" / "logs"
@@ -327,7 +325,7 @@ def gold_preflight(cfg, tasks, paths: EvalPaths, client, log=print) -> None:
 # --- the run -------------------------------------------------------------------------------
 def _lock_dir(d: Path):
     """An exclusive lock on ``d/.lock`` for this process (released when the file object is closed)."""
-    from harness.runlock import lock_file
+    from core.runlock import lock_file
 
     return lock_file(d / ".lock", f"another `sao eval` is running on {d}; wait for it or set eval.name=OTHER")
 
@@ -446,7 +444,7 @@ def grade_predictions(cfg, tasks, preds: dict, paths: EvalPaths, run_id: str, cl
     """Grade every prediction without a verdict yet; returns {instance_id: grade record}."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    from eval.grade import INFRA, grade
+    from tasks.grade import INFRA, grade
 
     log_ = JsonlLog(paths.grades)
     grades = {iid: g for iid, g in latest_by_instance(log_.read()).items() if iid in preds}
@@ -487,7 +485,7 @@ def swebench_summary(tasks, preds: dict, paths: EvalPaths, run_id: str) -> str |
 
     from swebench.harness.reporting import make_run_report
 
-    from eval.grade import LOG_ROOT
+    from tasks.grade import LOG_ROOT
 
     chosen = {t.instance_id: preds[t.instance_id] for t in tasks if t.instance_id in preds}
     if not chosen:

@@ -1,81 +1,127 @@
-"""`sao`: the one command line of sao-harness.
-
-Every area registers its own subcommands (``harness.commands``, ``envs.cli``, ``tasks.cli``,
-``eval.cli``, ``trainer.cli``); registration is import-light, heavy imports happen in handlers.
-A command that takes a config gets ``--config FILE`` and dotted overrides (``trainer.lr=1e-6``);
-the config is validated before any work, and a bad one is a one-line error with exit code 2.
-"""
+"""`sao trace`, `sao model`, `sao rollout`: the harness's own subcommands."""
 from __future__ import annotations
 
-import argparse
-import importlib
-import os
+import json
 import sys
 
-from harness.errors import UserError
-
-AREAS = ("harness.commands", "harness.serve", "envs.cli", "tasks.cli", "eval.cli", "trainer.cli")
-
-DEFAULT_CONFIG = "configs/local.yaml"
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Give a command ``--config FILE`` and ``key.sub=value`` overrides; ``args.cfg`` is then set."""
-    parser.add_argument("--config", metavar="FILE.yaml", default=None,
-                        help=f"run config (default: {DEFAULT_CONFIG} when present, else built-in defaults)")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
-    parser.set_defaults(takes_config=True)
-    return parser
+def register(sub, add_config_args):
+    p = sub.add_parser("trace", help="inspect trace shards")
+    tsub = p.add_subparsers(dest="trace_cmd", metavar="ACTION", required=True)
+    show = tsub.add_parser("show", help="print a trajectory, segments told apart")
+    show.add_argument("path", metavar="FILE", help="a trace shard (.parquet), a traces/ dir or a run dir")
+    show.add_argument("--index", type=int, default=0, help="which trajectory (default 0; negative counts from the end)")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.add_argument("--tokenizer", default=None, help="decode tokens with this tokenizer dir (default: the one in the trace's metadata)")
+    show.set_defaults(func=cmd_trace_show)
+    ls = tsub.add_parser("list", help="one line per trajectory")
+    ls.add_argument("path", metavar="PATH")
+    ls.set_defaults(func=cmd_trace_list)
+
+    p = sub.add_parser("model", help="models: build the tiny test model")
+    msub = p.add_subparsers(dest="model_cmd", metavar="ACTION", required=True)
+    tiny = msub.add_parser("tiny", help="build the tiny Qwen3-MoE model + tokenizer (no hub)")
+    tiny.add_argument("--out", required=True, metavar="DIR")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=cmd_model_tiny)
+
+    p = sub.add_parser("rollout", help="run agent episodes over a task source, writing traces")
+    add_config_args(p)
+    p.set_defaults(func=cmd_rollout)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sao", description="sao-harness: SAO reinforcement learning for coding agents")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for area in AREAS:
-        importlib.import_module(area).register(sub, add_config_args)
-    return parser
+def cmd_rollout(args) -> int:
+    from harness.rollout import run_rollout
+
+    stats = run_rollout(args.cfg)
+    return 0 if stats.done + stats.skipped >= stats.total else 1
 
 
-def _load(args: argparse.Namespace):
-    from harness.config import load_config
+def cmd_model_tiny(args) -> int:
+    from harness.tiny_model import build_tiny_model
 
-    path = args.config
-    if path is None and os.path.exists(DEFAULT_CONFIG):
-        path = DEFAULT_CONFIG
-    return load_config(path, args.overrides)
-
-
-def _quiet_torch() -> None:
-    """The OpenHands SDK raises logging to INFO; torch then prints cache statistics at exit."""
-    import logging
-
-    for name in ["torch", *[n for n in logging.root.manager.loggerDict if n.startswith("torch.")]]:
-        logging.getLogger(name).setLevel(logging.WARNING)
+    out = build_tiny_model(args.out, args.seed)
+    print(f"tiny model written to {out}")
+    return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from harness.config import ConfigError
+def cmd_trace_list(args) -> int:
+    from harness.store import read_traces
 
+    for i, t in enumerate(read_traces(args.path)):
+        print(f"{i:4d} {t.traj_id} task={t.task_id} status={t.status} reward={t.reward} turns={t.turns} "
+              f"tokens={t.num_tokens} action_tokens={t.num_action_tokens} versions={t.versions}")
+    return 0
+
+
+def _load_tokenizer(path):
+    if not path:
+        return None
     try:
-        args.cfg = _load(args) if getattr(args, "takes_config", False) else None
-    except ConfigError as e:
-        print(f"sao {args.command}: {e}", file=sys.stderr)
-        return 2
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception:
+        return None
+
+
+def cmd_trace_show(args) -> int:
+    from core.errors import UserError
+    from harness.store import read_traces
+
+    trajs = read_traces(args.path)
     try:
-        rc = args.func(args)
-    except (UserError, ConfigError) as e:
-        print(f"sao {args.command}: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"sao {args.command}: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        _quiet_torch()
-    return int(rc or 0)
+        t = trajs[args.index]
+    except IndexError:
+        raise UserError(f"--index {args.index}: {args.path} holds {len(trajs)} trajectories") from None
+    tok = _load_tokenizer(args.tokenizer or t.metadata.get("tokenizer"))
+    if args.json:
+        row = t.to_row()
+        row["grading"], row["timings"], row["metadata"] = t.grading, t.timings, t.metadata
+        row["segments"] = [{"kind": s.kind, "start": start, "length": len(s),
+                            **({"text": tok.decode(s.token_ids)} if tok else {})}
+                           for s, start in zip(t.segments, _starts(t))]
+        json.dump(row, sys.stdout)
+        print()
+        return 0
+    _print_human(t, tok)
+    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _starts(t):
+    pos = 0
+    for s in t.segments:
+        yield pos
+        pos += len(s)
+
+
+def _print_human(t, tok) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    color = console.is_terminal
+    console.print(f"trajectory {t.traj_id}  task={t.task_id}  status={t.status}  reward={t.reward}  "
+                  f"turns={t.turns}  tokens={t.num_tokens} (action {t.num_action_tokens})  versions={t.versions}")
+    if t.breaks:
+        console.print(f"sequence breaks at tokens {t.breaks}")
+    for i, (s, start) in enumerate(zip(t.segments, _starts(t))):
+        body = tok.decode(s.token_ids) if tok else " ".join(map(str, s.token_ids))
+        if s.kind == "action":
+            lp = sum(s.logp_rollout) / max(len(s), 1)
+            head = f"[ACTION {i} @{start} n={len(s)} v={sorted(set(s.policy_version))} mean_logp={lp:.3f}]"
+            style = "bold green"
+        else:
+            head = f"[OBSERVATION {i} @{start} n={len(s)}]"
+            style = "cyan"
+        if color:
+            console.print(Text(head, style=style))
+            console.print(Text(body, style="green" if s.kind == "action" else "default"))
+        else:
+            print(head)
+            print(body)
+            print(f"[/{s.kind.upper()} {i}]")
+    if t.patch:
+        console.print(Text("[PATCH]", style="bold") if color else "[PATCH]")
+        print(t.patch)

@@ -1,42 +1,12 @@
-"""Typed, validated run configuration: YAML file + dotted overrides (``trainer.lr=1e-6``).
-
-Every section is a pydantic model with ``extra="forbid"``, so an unknown key is an error that names
-it. ``load_config`` raises ``ConfigError`` with a one-line message; the CLI prints it and exits 2.
-Section models live next to the code that uses them (``envs.config``, ``trainer.config``, ...);
-this module only assembles them.
-"""
+"""Config sections of the harness: the model, the engine and its sampling, the proxy, the agent, rollouts."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field
 
-from envs.config import DockerConfig, SandboxConfig
-from eval.config import EvalConfig
-from tasks.config import TasksConfig
-from trainer.config import TrainerConfig, ValuePretrainConfig
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-class ConfigError(ValueError):
-    """A configuration problem, reported to the user as one line (exit code 2)."""
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class RunConfig(Section):
-    name: str = "local"  # the run directory is <root>/<name>; reusing a name resumes the run
-    root: Path = Path("runs")  # where run directories live
-    seed: int = 0  # seeds sampling, task order and the trainer
-
-    @property
-    def dir(self) -> Path:
-        return self.root / self.name
+from core.config import Section
 
 
 class ModelConfig(Section):
@@ -87,103 +57,3 @@ class RolloutConfig(Section):
     workers: int = Field(2, gt=0)  # episodes run in parallel (rollout workers in train)
     max_retries: int = Field(2, ge=0)  # retries of an episode that ended in an infra error
     episodes_per_task: int = Field(1, gt=0)  # sao rollout: trajectories per task
-
-
-class Config(Section):
-    run: RunConfig = RunConfig()
-    model: ModelConfig = ModelConfig()
-    engine: EngineConfig = EngineConfig()
-    sampling: SamplingConfig = SamplingConfig()
-    proxy: ProxyConfig = ProxyConfig()
-    agent: AgentConfig = AgentConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    docker: DockerConfig = DockerConfig()
-    sandbox: SandboxConfig = SandboxConfig()
-    tasks: TasksConfig = TasksConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    value_pretrain: ValuePretrainConfig = ValuePretrainConfig()
-    eval: EvalConfig = EvalConfig()
-
-    @model_validator(mode="after")
-    def _trainer_samples_like_the_engine(self) -> "Config":
-        """The trainer recomputes logprobs under the rollout's sampling distribution (sao.md section 8)."""
-        for key in ("temperature", "top_p", "top_k"):
-            rollout = getattr(self.sampling, key)
-            mine = getattr(self.trainer, key)
-            if key not in self.trainer.model_fields_set:
-                object.__setattr__(self.trainer, key, rollout)
-            elif mine != rollout:
-                raise ValueError(f"trainer.{key} ({mine}) differs from sampling.{key} ({rollout}): "
-                                 "the ratio to the rollout would not be 1 on-policy")
-        return self
-
-
-def _parse_value(text: str) -> Any:
-    """An override's value is YAML: ``1e-6`` -> float, ``true`` -> bool, ``[a, b]`` -> list."""
-    try:
-        return yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:
-        return text
-
-
-def apply_override(data: dict, dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    if any(k == "" for k in keys):
-        raise ConfigError(f"override '{dotted}': empty key segment")
-    node = data
-    for key in keys[:-1]:
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override '{dotted}': '{key}' is not a section")
-        node = child
-    node[keys[-1]] = value
-
-
-def _format_error(err: ValidationError, source: str) -> str:
-    first = err.errors()[0]
-    loc = [str(p) for p in first["loc"]]
-    if first["type"] == "extra_forbidden":
-        value = first.get("input")
-        while isinstance(value, dict) and len(value) == 1:  # name the whole dotted key: bogus.key
-            (k, value), = value.items()
-            loc.append(str(k))
-        return f"{source}: unknown config key '{'.'.join(loc)}'"
-    key = ".".join(loc)
-    if not loc:  # a check across sections
-        return f"{source}: {first['msg'].removeprefix('Value error, ')}"
-    if first["type"] == "missing":
-        return f"{source}: missing config key '{key}'"
-    return f"{source}: config key '{key}': {first['msg']} (got {first.get('input')!r})"
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Config from ``path`` (YAML) with ``key.sub=value`` overrides applied on top."""
-    data: dict = {}
-    source = "defaults"
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: invalid YAML: {str(e).splitlines()[0]}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: top level must be a mapping of sections")
-        data = loaded or {}
-        source = str(p)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}' is not of the form key.sub=value")
-        key, _, raw = item.partition("=")
-        apply_override(data, key.strip(), _parse_value(raw))
-    if overrides:
-        source += " + overrides"
-    try:
-        return Config.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format_error(e, source)) from None
-
-
-def dump_config(cfg: Config) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

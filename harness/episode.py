@@ -95,7 +95,7 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
         traj.metadata["infra_error"] = agent_result.error if agent_result else "unknown"
 
     if ctx.grade and traj.status in ("ok", "truncated_turns", "truncated_context"):
-        from eval.grade import grade
+        from tasks.grade import grade
 
         t0 = time.monotonic()
         result = grade(task, patch, timeout=cfg.eval.grade_timeout_s, guard=cfg.eval.guard,

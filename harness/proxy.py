@@ -43,7 +43,7 @@ from starlette.concurrency import run_in_threadpool
 from harness.drift import drift_report
 from harness.engines import EngineTimeout, SamplingParams, sampling_from_config
 from harness.engines.protocol import find_stop
-from harness.errors import UserError
+from core.errors import UserError
 from harness.trace import Segment, Trajectory
 
 HEADER_EPISODE = "x-episode-id"

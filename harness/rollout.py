@@ -73,7 +73,7 @@ def completed_counts(store: TraceStore) -> Counter:
 def prepare_images(cfg, tasks, log=print) -> None:
     """Build missing task images when the source is a task repo; otherwise require them to exist."""
     from envs.engine import ensure_engine
-    from harness.errors import UserError
+    from core.errors import UserError
     from tasks.loaders import resolve_task_repo
 
     client = ensure_engine(cfg.docker)

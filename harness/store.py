@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from harness.errors import UserError
+from core.errors import UserError
+from core.files import atomic_write
 from harness.trace import Trajectory, to_table
 
 SHARD_GLOB = "shard-*.parquet"
@@ -32,24 +33,9 @@ class TraceStore:
         if not trajectories:
             raise ValueError("TraceStore.write: no trajectories")
         table = to_table(trajectories)
-        self.dir.mkdir(parents=True, exist_ok=True)
         name = f"shard-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
         final = self.dir / name
-        tmp = self.dir / f".{name}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                pq.write_table(table, f, compression="zstd")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-            dir_fd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        atomic_write(final, lambda f: pq.write_table(table, f, compression="zstd"))
         return final
 
     def shards(self) -> list[Path]:

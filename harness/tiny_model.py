@@ -20,6 +20,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from core.files import atomic_dir
+
 RECIPE_VERSION = 1
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = [
@@ -157,12 +159,7 @@ def ensure_tiny_model(cache_dir: str | Path, seed: int = 0) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "sao_recipe.json").is_file():
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=cache_dir))
-        try:
-            build_tiny_model(tmp, seed)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        atomic_dir(target, lambda tmp: build_tiny_model(tmp, seed))
     return target
 
 

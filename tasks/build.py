@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import UserError
+from core.errors import UserError
 
 RECIPE_LABEL = "sao.recipe"
 TASK_LABEL = "sao.task"

@@ -17,7 +17,7 @@ import base64
 import difflib
 from dataclasses import dataclass, field
 
-from harness.errors import UserError
+from core.errors import UserError
 
 WRONG_PATCH_FILE = "sao_unrelated_change.txt"
 WRONG_PATCH = (f"diff --git a/{WRONG_PATCH_FILE} b/{WRONG_PATCH_FILE}\nnew file mode 100644\n"
@@ -33,17 +33,6 @@ class IdsAction(argparse.Action):
         setattr(namespace, self.dest, (getattr(namespace, self.dest) or []) + [v for v in values if "=" not in v])
         extra = [v for v in values if "=" in v]
         namespace.late_overrides = list(getattr(namespace, "late_overrides", None) or []) + extra
-
-
-def apply_late_overrides(args) -> None:
-    """Reload ``args.cfg`` when overrides were swallowed by an ``IdsAction`` option."""
-    extra = getattr(args, "late_overrides", None)
-    if extra:
-        from harness.cli import _load
-
-        args.overrides = list(args.overrides or []) + extra
-        args.late_overrides = []
-        args.cfg = _load(args)
 
 
 def _source(args) -> str:
@@ -81,7 +70,7 @@ def cmd_list(args) -> int:
     tasks, errors = _load(args)
     try:
         client = _client(args.cfg, start=False)
-        from eval.grade import image_exists
+        from tasks.grade import image_exists
 
         present = lambda img: "yes" if img and image_exists(client, img) else "no"  # noqa: E731
     except Exception:
@@ -123,7 +112,6 @@ def cmd_show(args) -> int:
 
 # --- build ---------------------------------------------------------------------------------
 def cmd_build(args) -> int:
-    apply_late_overrides(args)
     from tasks.build import build_task_repo, resolve_base_image
     from tasks.loaders import resolve_task_repo
 
@@ -229,7 +217,7 @@ def hack_patch(tests: list[str], existing: str | None) -> str:
 
 def check_task(task, client, *, run_id: str, timeout: float, log_root, problems: list[str]) -> Check:
     """Run every proof on one task (see module doc)."""
-    from eval.grade import EMPTY, INFRA, RESOLVED, UNRESOLVED, grade, image_exists, run_swebench
+    from tasks.grade import EMPTY, INFRA, RESOLVED, UNRESOLVED, grade, image_exists, run_swebench
 
     c = Check(task.instance_id)
     gaps = task.grading_gaps()
@@ -290,10 +278,9 @@ def check_task(task, client, *, run_id: str, timeout: float, log_root, problems:
 def cmd_check(args) -> int:
     import time
 
-    from eval.grade import new_run_id
+    from tasks.grade import new_run_id
     from tasks.loaders import resolve_task_repo
 
-    apply_late_overrides(args)
     t0 = time.monotonic()
     source = _source(args)
     tasks, errors = _load(args, instances=args.only)

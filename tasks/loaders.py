@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.errors import UserError
+from core.errors import UserError
 from tasks.adapters import adapt
 from tasks.model import Task, TaskError
 

@@ -55,7 +55,7 @@ def test_instruction_is_the_official_swebench_prompt():
 
 
 def test_settings_from_config():
-    from harness.config import load_config
+    from sao.config import load_config
 
     cfg = load_config(None, ["agent.max_iterations=7", "agent.max_nudges=3", "sampling.temperature=0.6",
                              "sampling.top_p=0.95", "sampling.top_k=20", "sampling.max_tokens=333",

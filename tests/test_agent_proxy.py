@@ -30,7 +30,7 @@ def fn(name, **args):
 def test_episode_through_the_token_exact_proxy(engine, tiny_model_dir, native):  # noqa: F811
     from transformers import AutoTokenizer
 
-    from harness.config import load_config
+    from sao.config import load_config
     from harness.engines.scripted import ScriptedEngine
     from harness.proxy import ProxyServer
 

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from harness.config import Config, ConfigError, load_config
+from sao.config import Config, ConfigError, load_config
 
 
 def test_both_shipped_configs_validate(project_root):
@@ -68,7 +68,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 
 def _sao(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sao.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=120)
 
 

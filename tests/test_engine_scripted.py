@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from harness.config import load_config
+from sao.config import load_config
 from harness.engines import make_engine, sampling_from_config
 from harness.engines.protocol import EngineError, EngineTimeout, SamplingParams
 from harness.engines.scripted import ScriptedEngine

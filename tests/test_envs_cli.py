@@ -19,7 +19,7 @@ RUN_ID = f"pytest-cli-{uuid.uuid4().hex[:8]}"
 
 
 def sao(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=ROOT, input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "sao.cli", *args], cwd=ROOT, input=stdin, capture_output=True,
                           text=True, timeout=timeout,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "SAO_RUN_ID": RUN_ID})
 

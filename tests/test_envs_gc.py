@@ -119,7 +119,7 @@ def test_a_run_cleans_up_on_signals(docker_engine, base_image, sig):
 
 
 def test_a_crashed_run_is_collected_by_the_cli(docker_engine, base_image, capsys):
-    from harness.cli import main
+    from sao.cli import main
 
     rid = f"gc-crash-{uuid.uuid4().hex[:6]}"
     p = _child(rid, base_image)

@@ -170,7 +170,7 @@ def test_unreachable_engine_errors_name_the_socket(tmp_path):
 
 # -- CLI ------------------------------------------------------------------------------------------
 def test_sandbox_exec_parser_keeps_the_command_after_double_dash():
-    from harness.cli import _load, build_parser
+    from sao.cli import _load, build_parser
 
     args = build_parser().parse_args(["sandbox", "exec", "--image", "img:1", "--timeout", "3",
                                       "--set", "sandbox.memory=1g", "--", "echo", "-n", "a b"])
@@ -183,8 +183,8 @@ def test_sandbox_exec_parser_keeps_the_command_after_double_dash():
 
 
 def test_cli_registration_is_import_light():
-    code = ("import argparse, sys, envs.cli, harness.cli; p = argparse.ArgumentParser(); "
-            "envs.cli.register(p.add_subparsers(), harness.cli.add_config_args); print('docker' in sys.modules)")
+    code = ("import argparse, sys, envs.cli, sao.cli; p = argparse.ArgumentParser(); "
+            "envs.cli.register(p.add_subparsers(), sao.cli.add_config_args); print('docker' in sys.modules)")
     out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.stdout.strip() == "False", out.stderr

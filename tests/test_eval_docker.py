@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from sao.cli import main
 from envs_fixtures import docker_engine  # noqa: F401  (the shared engine fixture)
 
 pytestmark = pytest.mark.docker
@@ -36,7 +36,7 @@ def tokenizer(tiny_model_dir):
 
 
 def config(tmp_path, *overrides):
-    from harness.config import load_config
+    from sao.config import load_config
 
     return load_config("configs/local.yaml", [f"run.root={tmp_path}", "run.name=r", *ROOMY, *overrides])
 

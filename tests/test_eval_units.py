@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.errors import UserError
+from sao.cli import main
+from core.errors import UserError
 
 IDS = ["sao-harness__minicfg-11", "sao-harness__semverkit-31", "sao-harness__spanlib-24", "sao-harness__tablefmt-9"]
 
@@ -79,7 +79,7 @@ def _model_dir(p: Path, tokenizer: bool = True) -> Path:
 
 def test_resolve_policy(tmp_path):
     from eval.run import resolve_policy
-    from harness.config import load_config
+    from sao.config import load_config
 
     run = [f"run.root={tmp_path}", "run.name=r"]
     for step in ("step-2", "step-10", "step-9", ".tmp-step-000011-99"):  # a hidden one is being written
@@ -105,7 +105,7 @@ def test_resolve_policy(tmp_path):
 
 def test_eval_sampling_overrides_the_rollout_sampling(tmp_path):
     from eval.run import eval_run_config
-    from harness.config import load_config
+    from sao.config import load_config
 
     cfg = load_config("configs/local.yaml", [f"run.root={tmp_path}", "run.name=r", "sampling.temperature=0.7",
                                              "eval.temperature=0", "eval.top_p=0.9", "eval.workers=3",
@@ -119,7 +119,7 @@ def test_eval_sampling_overrides_the_rollout_sampling(tmp_path):
 
 
 def test_cli_parses_overrides_and_flags_in_any_order():
-    from harness.cli import build_parser
+    from sao.cli import build_parser
 
     a = build_parser().parse_args(["eval", "--config", "c.yaml", "eval.temperature=0.5", "--gold", "--instances",
                                    "A", "B", "run.name=x", "--checkpoint", "latest"])

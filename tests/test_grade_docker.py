@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from sao.cli import main
 from tasks_fixtures import TASK_IDS, make_task_repo, prediction, unapplicable_patch
 from envs_fixtures import docker_engine  # noqa: F401  (the shared engine fixture)
 
@@ -85,7 +85,7 @@ def test_grade_cli_official_vs_guarded(repo, tasks, tmp_path, capsys):
 
 
 def test_grade_in_process_outcomes(tasks, tmp_path):
-    from eval.grade import NO_APPLY, UNRESOLVED, grade
+    from tasks.grade import NO_APPLY, UNRESOLVED, grade
     from tasks.cli import WRONG_PATCH
 
     t = tasks[TASK_IDS[0]]
@@ -99,7 +99,7 @@ def test_grade_in_process_outcomes(tasks, tmp_path):
 
 
 def test_timeout_is_an_infra_failure_not_a_zero(tasks, tmp_path):
-    from eval.grade import INFRA, grade
+    from tasks.grade import INFRA, grade
 
     t = tasks[TASK_IDS[0]]
     slow = t.patch.replace("+    return a + b", "+    import time; time.sleep(30); return a + b")
@@ -130,7 +130,7 @@ def test_tasks_check_proves_a_task(repo, tmp_path, capsys):
 
 
 def test_eval_containers_get_no_network(client, tasks):
-    from eval.grade import force_network_none
+    from tasks.grade import force_network_none
 
     force_network_none()
     c = client.containers.create(tasks[TASK_IDS[0]].image, command="true", name="sweb.eval.sao-nettest",

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from eval.grade import EMPTY, INFRA, NO_APPLY, grade
-from eval.guard import InvalidPatch, is_test_path, parse_patch, strip_test_changes
+from tasks.grade import EMPTY, INFRA, NO_APPLY, grade
+from tasks.guard import InvalidPatch, is_test_path, parse_patch, strip_test_changes
 from tasks.loaders import load_task_repo
 from tasks_fixtures import TASK_IDS, make_task_repo
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.errors import UserError
+from core.errors import UserError
 from trainer.metrics import MetricsLogger
 from trainer.plots import PANELS, cmd_runs_plot, plot_run
 
@@ -85,7 +85,7 @@ def test_bad_run_dirs_are_one_line_user_errors(tmp_path):
 
 
 def test_cli_runs_plot_bad_run_dir_exits_2_with_one_line(tmp_path, capsys):
-    from harness.cli import build_parser, main
+    from sao.cli import build_parser, main
     try:
         func = build_parser().parse_args(["runs", "plot", str(tmp_path)]).func
     except SystemExit:

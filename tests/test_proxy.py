@@ -11,7 +11,7 @@ import torch
 from openai import OpenAI
 from transformers import AutoTokenizer
 
-from harness.config import load_config
+from sao.config import load_config
 from harness.engines.hf import HFEngine
 from harness.engines.sampling import sampling_logprobs
 from harness.engines.scripted import ScriptedEngine

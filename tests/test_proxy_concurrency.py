@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from harness.config import load_config
+from sao.config import load_config
 from harness.engines.hf import HFEngine
 from harness.proxy import ProxyServer
 from harness.tiny_model import ensure_tiny_model

@@ -7,9 +7,9 @@ import pytest
 from openai import OpenAI
 from transformers import AutoTokenizer
 
-from harness.config import load_config
+from sao.config import load_config
 from harness.engines.scripted import ScriptedEngine
-from harness.errors import UserError
+from core.errors import UserError
 from harness.proxy import ProxyServer, check_loopback
 from harness.store import TraceStore, read_shard
 from harness.tiny_model import ensure_tiny_model

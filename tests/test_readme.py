@@ -1,7 +1,7 @@
 """README.md stays true: every make target and every config key is documented there."""
 import re
 
-from harness.config import Config
+from sao.config import Config
 
 
 def _keys(model, prefix=""):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from harness.config import load_config
+from sao.config import load_config
 from harness.proxy import ProxyServer
 from harness.rollout import run_rollout
 from harness.scripted_policy import ScriptedPolicyEngine, tool_call
@@ -118,7 +118,7 @@ def test_container_killed_mid_episode_is_infra_error_without_reward(docker_engin
 def test_tiny_model_rollout_writes_valid_traces_and_resumes(docker_engine, project_root, tmp_path):
     """`sao rollout` with the tiny model (hf engine) on two tasks; a second invocation resumes."""
     run = lambda: subprocess.run(
-        [sys.executable, "-m", "harness.cli", "rollout", "--config", "configs/local.yaml", f"run.root={tmp_path}",
+        [sys.executable, "-m", "sao.cli", "rollout", "--config", "configs/local.yaml", f"run.root={tmp_path}",
          "run.name=tiny", f"tasks.instances=[{TASK}, {TASK2}]", "agent.max_iterations=3", "sampling.max_tokens=48"],
         cwd=project_root, capture_output=True, text=True, timeout=600)
     first = run()
@@ -131,7 +131,7 @@ def test_tiny_model_rollout_writes_valid_traces_and_resumes(docker_engine, proje
         assert t.status in ("ok", "truncated_turns", "agent_error"), t.metadata
         assert t.num_action_tokens > 0 and t.versions == [0]
         assert all(lp <= 0 for s in t.segments if s.kind == "action" for lp in s.logp_rollout)
-    show = subprocess.run([sys.executable, "-m", "harness.cli", "trace", "show", str(store.shards()[0])],
+    show = subprocess.run([sys.executable, "-m", "sao.cli", "trace", "show", str(store.shards()[0])],
                           cwd=project_root, capture_output=True, text=True, timeout=120)
     assert show.returncode == 0 and "[ACTION" in show.stdout and "<|im_start|>system" in show.stdout
     second = run()

@@ -23,7 +23,7 @@ def free_port() -> int:
 
 
 def sao(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "serve", *args], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "sao.cli", "serve", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 

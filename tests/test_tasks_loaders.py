@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.cli import main
-from harness.errors import UserError
+from sao.cli import main
+from core.errors import UserError
 from tasks.loaders import load_task_repo, load_tasks, load_tasks_lenient
 from tasks.model import Task, TaskError
 from tasks_fixtures import TASK_IDS, make_task_repo
@@ -182,7 +182,7 @@ def test_hub_id_fails_fast_by_probe(project_root):
 
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "tasks", "list", "--source",
+    proc = subprocess.run([sys.executable, "-m", "sao.cli", "tasks", "list", "--source",
                            "SWE-bench/SWE-bench_Verified"], cwd=project_root, env=env, capture_output=True,
                           text=True, timeout=120)
     took = time.monotonic() - t0

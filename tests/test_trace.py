@@ -143,7 +143,7 @@ def test_kill_9_mid_write_leaves_no_partial_shard(tmp_path):
 def test_trace_show_cli(tmp_path, project_root):
     store = TraceStore(tmp_path)
     shard = store.write([make_traj("first"), make_traj("second")])
-    run = lambda *a: subprocess.run([sys.executable, "-m", "harness.cli", "trace", "show", *a],
+    run = lambda *a: subprocess.run([sys.executable, "-m", "sao.cli", "trace", "show", *a],
                                     capture_output=True, text=True, cwd=project_root, timeout=120)
     r = run(str(shard), "--index", "1")
     assert r.returncode == 0, r.stderr

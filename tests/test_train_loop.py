@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from harness.config import load_config
+from sao.config import load_config
 from harness.store import TraceStore
 from harness.trace import Segment, Trajectory
 from trainer.checkpoint import latest_checkpoint, list_checkpoints, read_state
@@ -179,7 +179,7 @@ def test_kill9_then_resume_loses_and_duplicates_nothing(ray_address, project_roo
     directory: it resumes, and every stored trajectory is consumed exactly once in the final lineage
     or still pending; what the killed run consumed after its checkpoint is consumed again."""
     run_dir = tmp_path / "kill"
-    cmd = [sys.executable, "-m", "harness.cli", "train", "--config", str(project_root / "configs/local.yaml"),
+    cmd = [sys.executable, "-m", "sao.cli", "train", "--config", str(project_root / "configs/local.yaml"),
            *overrides(tmp_path, "kill", project_root, "trainer.max_steps=6", "trainer.batch_size=3",
                       "trainer.save_every=1", "rollout.workers=3", f"trainer.ray_address={ray_address}")]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -239,7 +239,7 @@ def test_a_dead_engine_ends_the_run_with_a_clear_error(ray_address, project_root
 def test_one_train_per_run_directory(project_root, tmp_path):
     import fcntl
 
-    from harness.errors import UserError
+    from core.errors import UserError
     from trainer.loop import train
 
     cfg = sim_cfg(tmp_path, "locked", project_root)
@@ -251,7 +251,7 @@ def test_one_train_per_run_directory(project_root, tmp_path):
 
 
 def test_train_cli_rejects_a_sync_batch_of_partial_groups(project_root, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "harness.cli", "train", "--config",
+    result = subprocess.run([sys.executable, "-m", "sao.cli", "train", "--config",
                              str(project_root / "configs/local.yaml"), f"run.root={tmp_path}",
                              "trainer.mode=sync", "trainer.group_size=3", "trainer.batch_size=4"],
                             cwd=project_root, capture_output=True, text=True, timeout=120)

@@ -21,7 +21,7 @@ def test_swe_smoke_one_step_on_bundled_tasks(project_root, tmp_path):
     from envs.gc import list_runs
 
     client = ensure_engine()
-    cmd = [sys.executable, "-m", "harness.cli", "train", "--config", str(project_root / "configs/local.yaml"),
+    cmd = [sys.executable, "-m", "sao.cli", "train", "--config", str(project_root / "configs/local.yaml"),
            f"run.root={tmp_path}", "run.name=swe", f"model.cache_dir={project_root / '.cache/sao'}",
            "trainer.max_steps=1", "trainer.batch_size=2", "agent.max_iterations=3", "sampling.max_tokens=64",
            "rollout.workers=2"]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from harness.errors import UserError
+from core.errors import UserError
 from harness.store import TraceStore
 from harness.trace import Segment, Trajectory
 from trainer.batch import build_batch
@@ -46,7 +46,7 @@ def corpus(n, seed=0, version=0):
 
 
 def make_cfg(tmp_path, *overrides):
-    from harness.config import load_config
+    from sao.config import load_config
     return load_config(None, [f"run.root={tmp_path}", "run.name=r", f"model.cache_dir={ROOT / '.cache' / 'sao'}",
                               *overrides])
 
@@ -177,7 +177,7 @@ def test_cli_value_pretrain_bad_run_dir_is_a_one_line_error(tmp_path, capsys):
         cmd_value_pretrain(argparse.Namespace(cfg=cfg))
     assert "\n" not in str(e.value) and str(tmp_path / "missing" / "traces") in str(e.value)
 
-    from harness.cli import build_parser, main
+    from sao.cli import build_parser, main
     func = build_parser().parse_args(["value-pretrain"]).func
     if getattr(func, "__name__", "") != "cmd_value_pretrain":
         pytest.skip("`sao value-pretrain` is not wired to trainer.value_pretrain.cmd_value_pretrain yet")

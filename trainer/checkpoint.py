@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from core.files import atomic_write_text, fsync_dir
+
 LATEST = "latest"
 STATE = "state.json"
 
@@ -40,25 +42,7 @@ def _fsync_tree(root: Path) -> None:
         for name in files:
             with open(os.path.join(dirpath, name), "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+        fsync_dir(Path(dirpath))
 
 
 def rng_state() -> dict:
@@ -101,11 +85,11 @@ def save_checkpoint(run_dir: str | Path, step: int, *, policy, critic, trainer, 
         if final.exists():  # a checkpoint of this step from a lineage that was rolled back
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    _write_atomic(root / LATEST, name + "\n")
+    atomic_write_text(root / LATEST, name + "\n")
     for old in list_checkpoints(run_dir)[:-keep]:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from harness.errors import UserError
-from harness.runlock import lock_file
+from core.errors import UserError
+from core.runlock import lock_file
 
 
 class LoopError(RuntimeError):

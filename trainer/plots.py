@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from harness.errors import UserError
+from core.errors import UserError
 from trainer.metrics import METRICS_FILE, read_metrics
 
 # (file stem, title, y label, [(metric key, legend label)], scale applied to the values)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from harness.errors import UserError
+from core.errors import UserError
+from core.files import atomic_dir
 from harness.trace import Trajectory
 from trainer.batch import TrajectoryBatch, build_batch, micro_batches
 from trainer.config import TrainerConfig, ValuePretrainConfig
@@ -309,20 +310,6 @@ def pretrain_critic(critic: Critic, trajectories: list[Trajectory], vp: ValuePre
     return PretrainResult(steps=len(history), stop_reason=stop_reason, history=history, before=before, after=after)
 
 
-def _replace_dir(write, target: Path) -> None:
-    """write(tmp), then swap it into `target`: a crash never leaves a half-written `target` (at worst the
-    previous checkpoint is left in .<name>.old)."""
-    tmp = target.with_name(f".{target.name}.tmp")
-    old = target.with_name(f".{target.name}.old")
-    for p in (tmp, old):
-        shutil.rmtree(p, ignore_errors=True)
-    write(tmp)
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def run_value_pretrain(cfg, verbose: bool = True) -> PretrainResult:
     """The whole stage for a validated Config: corpus, critic from model.path, loop, checkpoint, summary."""
     from harness.tiny_model import resolve_model_path
@@ -372,7 +359,7 @@ def run_value_pretrain(cfg, verbose: bool = True) -> PretrainResult:
         result = pretrain_critic(critic, corpus.trajectories, vp, trainer, logger, seed=cfg.run.seed,
                                  pad_token_id=pad, verbose=verbose)
     checkpoint = (out / CHECKPOINT_DIR).resolve()
-    _replace_dir(lambda tmp: save_critic(critic.cpu(), tmp), checkpoint)
+    atomic_dir(lambda tmp: save_critic(critic.cpu(), tmp), checkpoint)
     result.checkpoint, result.corpus = str(checkpoint), corpus.counts
     summary = {k: v for k, v in asdict(result).items() if k != "history"}
     summary.update(model=model_path, traces=sources, config=vp.model_dump(mode="json"))

@@ -34,7 +34,7 @@ def demo_config(cfg):
 
 
 def _sao(args: list[str], log) -> int:
-    cmd = [sys.executable, "-m", "harness.cli", *args]
+    cmd = [sys.executable, "-m", "sao.cli", *args]
     log(f"$ sao {' '.join(args)}")
     sys.stdout.flush()
     return subprocess.run(cmd).returncode
@@ -48,7 +48,7 @@ def _checkpoints(run_dir: Path) -> list[Path]:
 
 
 def run_demo(cfg, log=print) -> int:
-    from harness.config import dump_config
+    from sao.config import dump_config
 
     t_start = time.monotonic()
     cfg = demo_config(cfg)

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval.guard import InvalidPatch, strip_test_changes
+from tasks.guard import InvalidPatch, strip_test_changes
 
 RESOLVED = "resolved"
 UNRESOLVED = "unresolved"

@@ -1,0 +1,100 @@
+"""`sao`: the one command line of sao-harness.
+
+Every area registers its own subcommands (``envs.cli``, ``tasks.cli``, ``harness.cli``,
+``trainer.cli``, ``eval.cli``, ``sao.serve``; ``sao config`` and ``sao demo`` are here); registration is import-light, heavy imports happen in handlers.
+A command that takes a config gets ``--config FILE`` and dotted overrides (``trainer.lr=1e-6``);
+the config is validated before any work, and a bad one is a one-line error with exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from core.config import ConfigError
+from core.errors import UserError
+from sao.config import dump_config, load_config
+
+AREAS = ("envs.cli", "tasks.cli", "harness.cli", "trainer.cli", "eval.cli", "sao.serve")
+
+DEFAULT_CONFIG = "configs/local.yaml"
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Give a command ``--config FILE`` and ``key.sub=value`` overrides; ``args.cfg`` is then set."""
+    parser.add_argument("--config", metavar="FILE.yaml", default=None,
+                        help=f"run config (default: {DEFAULT_CONFIG} when present, else built-in defaults)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    parser.set_defaults(takes_config=True)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sao", description="sao-harness: SAO reinforcement learning for coding agents")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for area in AREAS:
+        importlib.import_module(area).register(sub, add_config_args)
+    p = sub.add_parser("config", help="print the validated config (--markdown: the table of every key)")
+    add_config_args(p)
+    p.set_defaults(func=cmd_config)
+    p = sub.add_parser("demo", help="the main job on the embedded default: rollout, train, eval")
+    add_config_args(p)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def cmd_config(args) -> int:
+    print(dump_config(args.cfg), end="")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from sao.demo import run_demo  # lazy: the demo pulls in every stage
+
+    return run_demo(args.cfg)
+
+
+def load_args_config(args: argparse.Namespace):
+    """The config of ``--config`` (or the default file) with the overrides; overrides that an ``--only ID...``
+    option swallowed (``late_overrides``) count too."""
+    args.overrides = list(args.overrides or []) + list(getattr(args, "late_overrides", None) or [])
+    args.late_overrides = []
+    path = args.config
+    if path is None and os.path.exists(DEFAULT_CONFIG):
+        path = DEFAULT_CONFIG
+    return load_config(path, args.overrides)
+
+
+def _quiet_torch() -> None:
+    """The OpenHands SDK raises logging to INFO; torch then prints cache statistics at exit."""
+    import logging
+
+    for name in ["torch", *[n for n in logging.root.manager.loggerDict if n.startswith("torch.")]]:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.cfg = load_args_config(args) if getattr(args, "takes_config", False) else None
+    except ConfigError as e:
+        print(f"sao {args.command}: {e}", file=sys.stderr)
+        return 2
+    try:
+        rc = args.func(args)
+    except (UserError, ConfigError) as e:
+        print(f"sao {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"sao {args.command}: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        _quiet_torch()
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
