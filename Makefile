@@ -6,7 +6,7 @@ SAO := $(VENV)/bin/sao
 CONFIG ?= configs/local.yaml
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: setup docker images test demo rollout-swe train value-pretrain eval bench clean
+.PHONY: setup docker images test test-fast lint demo rollout-swe train value-pretrain sft eval bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -21,6 +21,13 @@ images: docker         ## build the bundled tasks' images (offline, cached)
 test: setup docker     ## the test suite (CI runs this)
 	@$(PY) -m pytest -q --timeout=900
 
+test-fast: setup       ## the tests that need no Docker and are not slow (under a minute)
+	@$(PY) -m pytest -q --timeout=300 -m "not docker and not slow"
+
+lint: setup            ## ruff, then the one-way layers contract (import-linter)
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/lint-imports
+
 demo: setup docker     ## the main job on the embedded default: rollout, train, eval
 	@$(SAO) demo --config $(CONFIG)
 
@@ -32,6 +39,9 @@ train: setup docker
 
 value-pretrain: setup
 	@$(SAO) value-pretrain --config $(CONFIG)
+
+sft: setup             ## warm start: TRL SFT on the run's resolved traces -> <run>/sft/model
+	@$(SAO) sft --config $(CONFIG)
 
 eval: setup docker
 	@$(SAO) eval --config $(CONFIG)

@@ -35,7 +35,7 @@ def fixed_update(seconds: float):
     def update(trainer, trajectories):
         time.sleep(seconds)
         trainer.policy_version += 1
-        return {"trajectories": float(len(trajectories))}
+        return {"rollout/trajectories": float(len(trajectories))}
     return update
 
 
@@ -46,13 +46,13 @@ def steady_state(run_dir: Path) -> dict:
     rec = read_metrics(run_dir)
     span = rec[-1]["time"] - rec[0]["time"]
     durations = [b["time"] - a["time"] for a, b in zip(rec, rec[1:])]
-    trained = sum(r["trajectories"] for r in rec[1:])
+    trained = sum(r["rollout/trajectories"] for r in rec[1:])
 
     def weighted(key):
         return sum(r[key] * d for r, d in zip(rec[1:], durations)) / span
     return {"steps": len(rec), "trained": trained, "span_s": span, "per_min": trained / span * 60,
-            "engine_idle": weighted("engine_idle_frac"), "trainer_idle": weighted("trainer_idle_frac"),
-            "dropped_stale": rec[-1]["dropped_stale_total"]}
+            "engine_idle": weighted("perf/engine_idle_frac"), "trainer_idle": weighted("perf/trainer_idle_frac"),
+            "dropped_stale": rec[-1]["rollout/dropped_stale_total"]}
 
 
 def main() -> int:
@@ -69,7 +69,8 @@ def main() -> int:
 
     import ray
 
-    from trainer.loop import start_ray, train
+    from trainer.loop import train
+    from trainer.ray_utils import start_ray
 
     root = Path(tempfile.mkdtemp(prefix="sao-bench-"))
     common = [f"run.root={root}", f"model.cache_dir={REPO / '.cache/sao'}", "trainer.env=simulated",

@@ -69,7 +69,7 @@ def ms(xs):
 
 def episode(sb, turns: int, native: bool):
     from harness.agent import AgentSettings, run_agent
-    from test_agent_fakellm import FakeLLM, prompt_call, tool
+    from tests.support.fakellm import FakeLLM, prompt_call, tool
 
     sb.run("cd /testbed && printf 'value = 0\\n' > mod.py && git add -A && git commit -q --allow-empty -m mod", 60,
            check=True)
@@ -86,7 +86,7 @@ def episode(sb, turns: int, native: bool):
 
 def think_only(turns: int):
     from harness.agent import AgentSettings, run_agent
-    from test_agent_fakellm import FakeLLM, tool
+    from tests.support.fakellm import FakeLLM, tool
 
     class NoTools:
         def tool_specs(self):
@@ -120,7 +120,7 @@ def main() -> None:
     from envs.engine import ensure_engine
     from envs.images import ensure_base_image
     from envs.sandbox import Sandbox
-    from harness.sandbox_tools import SandboxTarget, SandboxTools
+    from harness.tools import SandboxTarget, SandboxTools
 
     client = ensure_engine(DockerConfig())
     image = ensure_base_image(client, DockerConfig())

@@ -27,12 +27,12 @@ def main() -> int:
     from envs.config import DockerConfig
     from envs.engine import ensure_engine
     from envs.images import ensure_base_image
-    from tasks.grade import RESOLVED, grade, image_exists, new_run_id
     from sao.config import load_config
     from tasks.build import build_task_repo
     from tasks.cli import hack_patch
+    from tasks.grade import RESOLVED, grade, image_exists, new_run_id
     from tasks.loaders import BUNDLED, load_task_repo, load_tasks_lenient
-    from tasks_fixtures import make_task_repo
+    from tests.support.task_repos import make_task_repo
 
     t_start = time.monotonic()
     cfg = load_config(None)
@@ -51,7 +51,7 @@ def main() -> int:
     tasks = load_task_repo(repo)
     logs = tmp / "logs"
     one, pair = [], []
-    for rep in range(3):
+    for _rep in range(3):
         for t in tasks:
             r = grade(t, t.patch, run_id=new_run_id("bench"), client=client, log_root=logs)
             assert r.status == RESOLVED, (t.instance_id, r)
@@ -71,7 +71,8 @@ def main() -> int:
             r = grade(t, t.patch, run_id=new_run_id("bench"), client=client, log_root=logs)
             print(f"grading: bundled {t.instance_id}: {r.status} in {r.seconds:.2f} s")
             bundled.append(r.seconds)
-    print(f"grading: bundled tasks, gold: {median(bundled) if bundled else 'n/a (no built bundled task images; make images)'}")
+    print(f"grading: bundled tasks, gold: "
+          f"{median(bundled) if bundled else 'n/a (no built bundled task images; make images)'}")
     print(f"bench_grading: total {time.monotonic() - t_start:.1f} s")
     return 0
 

@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from sao.config import load_config  # noqa: E402
 from harness.engines.scripted import ScriptedEngine  # noqa: E402
 from harness.proxy import ProxyServer  # noqa: E402
 from harness.tiny_model import ensure_tiny_model  # noqa: E402
+from sao.config import load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = [{"type": "function", "function": {"name": name, "description": desc * 20, "parameters": {
@@ -89,9 +89,12 @@ def main() -> int:
     w10, wN = at(proxy_wall, 10), at(proxy_wall, last)
     print(f"episode: {args.turns} turns, {len(msgs)} messages, {traj.num_tokens} tokens "
           f"({log[9]['prompt_tokens']} prompt tokens at turn 10, {log[-1]['prompt_tokens']} at turn {last})")
-    print(f"proxy work per turn (cpu):  turn 10 {p10 * 1e3:6.2f} ms   turn {last} {pN * 1e3:6.2f} ms   ratio {pN / p10:5.2f}")
-    print(f"proxy work per turn (wall): turn 10 {w10 * 1e3:6.2f} ms   turn {last} {wN * 1e3:6.2f} ms   ratio {wN / w10:5.2f}")
-    print(f"http overhead per turn:     turn 10 {h10 * 1e3:6.2f} ms   turn {last} {hN * 1e3:6.2f} ms   ratio {hN / h10:5.2f}"
+    print(f"proxy work per turn (cpu):  turn 10 {p10 * 1e3:6.2f} ms   turn {last} {pN * 1e3:6.2f} ms   "
+          f"ratio {pN / p10:5.2f}")
+    print(f"proxy work per turn (wall): turn 10 {w10 * 1e3:6.2f} ms   turn {last} {wN * 1e3:6.2f} ms   "
+          f"ratio {wN / w10:5.2f}")
+    print(f"http overhead per turn:     turn 10 {h10 * 1e3:6.2f} ms   turn {last} {hN * 1e3:6.2f} ms   "
+          f"ratio {hN / h10:5.2f}"
           f"   (+ JSON of the whole history both ways: O(history) by the protocol)")
     ok = pN < 2 * p10
     print(f"{'PASS' if ok else 'FAIL'}: proxy work at turn {last} is {pN / p10:.2f}x turn 10 (target < 2x)")

@@ -16,12 +16,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sao.config import load_config  # noqa: E402
 from harness.proxy import ProxyServer  # noqa: E402
 from harness.rollout import run_rollout  # noqa: E402
 from harness.scripted_policy import ScriptedPolicyEngine, tool_call  # noqa: E402
 from harness.store import TraceStore  # noqa: E402
 from harness.tiny_model import ensure_tiny_model  # noqa: E402
+from sao.config import load_config  # noqa: E402
 from tasks.loaders import load_tasks  # noqa: E402
 
 TURNS = 50
@@ -64,7 +64,8 @@ def main() -> None:
         replies.append(tool_call("finish", {"message": "done"}))
         cfg = load_config(ROOT / "configs/local.yaml", [*base, "run.name=long", f"tasks.instances=[{task.instance_id}]",
                                                         "rollout.workers=1"])
-        engine = ScriptedPolicyEngine(tokenizer, {task.instance_id: replies}, {task.instance_id: task.problem_statement})
+        engine = ScriptedPolicyEngine(tokenizer, {task.instance_id: replies},
+                                      {task.instance_id: task.problem_statement})
         rollout(cfg, engine, tokenizer)
         [traj] = list(TraceStore(cfg.run.dir))
         print(f"long episode: status {traj.status}, {traj.turns} turns, {traj.num_tokens} tokens")
@@ -78,7 +79,8 @@ def main() -> None:
         # 2. eight episodes in parallel, gold patches, graded
         eight = tasks[:8]
         cfg = load_config(ROOT / "configs/local.yaml", [
-            *base, "run.name=eight", f"tasks.instances=[{', '.join(t.instance_id for t in eight)}]", "rollout.workers=8"])
+            *base, "run.name=eight", f"tasks.instances=[{', '.join(t.instance_id for t in eight)}]",
+            "rollout.workers=8"])
         engine = ScriptedPolicyEngine.gold(tokenizer, eight)
         wall = rollout(cfg, engine, tokenizer)
         trajs = list(TraceStore(cfg.run.dir))

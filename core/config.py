@@ -24,12 +24,15 @@ class Section(BaseModel):
 
 
 class RunConfig(Section):
-    name: str = Field("local", description="the run directory is <root>/<name>; reusing a name resumes the run")
+    """The run: its directory (``<root>/<name>``) and its seed."""
+
+    name: str = Field("local", description="the run directory is `<root>/<name>`; reusing a name resumes the run")
     root: Path = Field(Path("runs"), description="where run directories live")
     seed: int = Field(0, description="seeds sampling, task order and the trainer")
 
     @property
     def dir(self) -> Path:
+        """The run directory, ``root / name``."""
         return self.root / self.name
 
 

@@ -7,9 +7,25 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shlex
+import shutil
+import signal
+import subprocess
 import sys
+import time
 
 from core.errors import UserError
+from envs.engine import (
+    ProjectEngine,
+    _use,
+    docker_client,
+    engine_status,
+    ensure_engine,
+    find_engine,
+    stop_project_engine,
+)
+from envs.errors import CommandTimeout, ImageNotFound, OOMKilled, SandboxError
+from envs.gc import gc, list_runs, run_scope
 
 
 def _faults(func):
@@ -17,8 +33,6 @@ def _faults(func):
 
     @functools.wraps(func)
     def wrapper(args):
-        from envs.errors import ImageNotFound, SandboxError
-
         try:
             return func(args)
         except ImageNotFound as e:
@@ -34,10 +48,6 @@ def _faults(func):
 # -- sao docker ---------------------------------------------------------------------------------
 @_faults
 def _docker_up(args) -> int:
-    import time
-
-    from envs.engine import ensure_engine
-
     t0 = time.monotonic()
     client = ensure_engine(args.cfg.docker)
     v = client.version()
@@ -48,8 +58,6 @@ def _docker_up(args) -> int:
 
 @_faults
 def _docker_status(args) -> int:
-    from envs.engine import engine_status
-
     st = engine_status(args.cfg.docker)
     if st["url"] is None:
         print("docker: no engine answers")
@@ -63,9 +71,6 @@ def _docker_status(args) -> int:
                 "networks", "project_pid", "state_dir"):
         if st.get(key) is not None:
             print(f"  {key}: {st[key]}")
-    from envs.engine import docker_client
-    from envs.gc import list_runs
-
     runs = list_runs(docker_client(args.cfg.docker))
     n = sum(len(r.containers) for r in runs.values())
     print(f"  sao-harness containers: {n} in {len(runs)} run(s)")
@@ -74,8 +79,6 @@ def _docker_status(args) -> int:
 
 @_faults
 def _docker_down(args) -> int:
-    from envs.engine import ProjectEngine, stop_project_engine
-
     if stop_project_engine(args.cfg.docker):
         print(f"docker: project engine stopped ({ProjectEngine(args.cfg.docker.state_dir).url})")
     else:
@@ -85,7 +88,7 @@ def _docker_down(args) -> int:
 
 @_faults
 def _docker_base(args) -> int:
-    from envs.engine import ensure_engine
+    # lazy: keeps `sao --help` fast (the image stack)
     from envs.images import ensure_base_image
 
     client = ensure_engine(args.cfg.docker)
@@ -95,6 +98,7 @@ def _docker_base(args) -> int:
 
 # -- sao sandbox --------------------------------------------------------------------------------
 def _image(args, client) -> str:
+    # lazy: keeps `sao --help` fast (the image stack)
     from envs.images import ensure_base_image, require_image
 
     if args.image:
@@ -104,8 +108,6 @@ def _image(args, client) -> str:
 
 
 def _command(argv: list[str]) -> str:
-    import shlex
-
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
@@ -115,9 +117,7 @@ def _command(argv: list[str]) -> str:
 
 @_faults
 def _sandbox_exec(args) -> int:
-    from envs.engine import ensure_engine
-    from envs.errors import CommandTimeout, OOMKilled
-    from envs.gc import run_scope
+    # lazy: keeps `sao --help` fast (the sandbox stack)
     from envs.sandbox import Sandbox
 
     command = _command(args.cmd)
@@ -144,12 +144,7 @@ def _sandbox_exec(args) -> int:
 
 @_faults
 def _sandbox_shell(args) -> int:
-    import shutil
-    import signal
-    import subprocess
-
-    from envs.engine import ensure_engine
-    from envs.gc import run_scope
+    # lazy: keeps `sao --help` fast (the sandbox stack)
     from envs.sandbox import Sandbox
 
     if shutil.which("docker") is None:
@@ -168,9 +163,6 @@ def _sandbox_shell(args) -> int:
 
 @_faults
 def _sandbox_gc(args) -> int:
-    from envs.engine import find_engine, _use
-    from envs.gc import gc
-
     url, _ = find_engine(args.cfg.docker)
     if url is None:
         print("gc: no Docker engine answers; nothing to collect")

@@ -1,51 +1,67 @@
 """Config sections for the Docker engine (`docker.*`) and the sandboxes (`sandbox.*`)."""
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator, model_validator
+
+from core.config import Section
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class DockerConfig(Section):
+    """The Docker engine: an engine that already answers, else the project's own dockerd (as root)."""
 
-
-class DockerConfig(_Section):
-    # Use an engine that already answers; otherwise start the project's own dockerd (as root).
-    host: str | None = None  # DOCKER_HOST to use; None = environment / default socket / project engine
-    state_dir: Path = Path("/var/lib/sao-harness/docker")  # project engine: data root, exec root, socket
-    base_image: str | None = None  # None = the project's debootstrap image; or any local image name
-    image_cache_dir: Path | None = None  # optional `docker save` tarball cache of the base image
-    start_timeout_s: float = Field(60.0, gt=0)  # wait this long for a started dockerd to answer
-    # Start the project dockerd in its own network namespace (`unshare --net`): None = only when
-    # another engine's docker0 link exists (ours would delete it); True/False force it.
-    netns: bool | None = None
-    mirror: str | None = None  # Debian mirror for the base image; None = the host apt's mirror
-    suite: str = "bookworm"  # Debian release of the base image (its Python is 3.11)
+    host: str | None = Field(None, description="DOCKER_HOST to use; null = the environment's, the default "
+                             "socket, or the project engine")
+    state_dir: Path = Field(Path("/var/lib/sao-harness/docker"),
+                            description="the project engine's data root, exec root and socket")
+    base_image: str | None = Field(None, description="image tasks build on; null = the project's debootstrap "
+                                   "image, or any local image name")
+    image_cache_dir: Path | None = Field(None, description="optional `docker save` tarball cache of the base "
+                                         "image (null = no cache)")
+    start_timeout_s: float = Field(60.0, gt=0, description="seconds to wait for a started dockerd to answer")
+    netns: bool | None = Field(None, description="start the project dockerd in its own network namespace "
+                               "(`unshare --net`); null = only when another engine's docker0 link exists "
+                               "(ours would delete it); true / false force it")
+    mirror: str | None = Field(None, description="Debian mirror for the base image; null = the host apt's mirror")
+    suite: str = Field("bookworm", description="Debian release of the base image (its Python is 3.11)")
 
 
 _MEM = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
 _CAP = re.compile(r"^[A-Z_]+$")
 
 
-class SandboxConfig(_Section):
-    memory: str = "2g"  # hard limit, swap included (memory-swap = memory)
-    cpus: float = Field(1.0, gt=0)
-    pids_limit: int = Field(512, gt=0)
-    network: str = "none"  # docker network mode; the project engine has only "none" and "host"
-    cap_add: list[str] = []  # capabilities granted back after --cap-drop ALL (e.g. for apt)
-    user: str | None = None  # "uid:gid" or a name; None = the image's user
-    workdir: str = "/testbed"
-    command_timeout_s: float = Field(120.0, gt=0)
-    output_cap_chars: int = Field(30_000, gt=0)
-    read_only: bool = False  # read-only root filesystem; /tmp and the workdir stay writable
-    tmpfs_size: str = "512m"  # size of the /tmp tmpfs when read_only
-    shm_size: str = "64m"
-    env: dict[str, str] = {}  # environment of the sandbox's shell and processes
-    start_timeout_s: float = Field(30.0, gt=0)  # container create + start + shell ready
+class SandboxConfig(Section):
+    """One sandbox container per episode: its limits, user, environment and command timeouts."""
 
-    @field_validator("memory", "tmpfs_size", "shm_size")
+    memory: str = Field("2g", description="memory limit, swap included (memory-swap = memory)")
+    cpus: float = Field(1.0, gt=0, description="CPU limit per sandbox")
+    pids_limit: int = Field(512, gt=0, description="process limit per sandbox (bounds fork bombs)")
+    network: str = Field("none", description='docker network mode; must be "none" unless allow_network is true')
+    allow_network: bool = Field(False, description="allow a network mode other than none (e.g. host: the sandbox "
+                                "then shares the host's network); logs a warning")
+    cap_add: list[str] = Field([], description="capabilities granted back after `--cap-drop ALL` (e.g. for apt)")
+    user: str | None = Field(None, description='"uid:gid" or a user name; null = the image\'s user')
+    workdir: str = Field("/testbed", description="working directory of the shell (the task's repository)")
+    command_timeout_s: float = Field(120.0, gt=0, description="per-command timeout; past it the command's "
+                                     "process group is killed")
+    output_cap_chars: int = Field(30_000, gt=0, description="output kept per command, with a marker saying how "
+                                  "much was cut")
+    read_only: bool = Field(False, description="read-only root filesystem; /tmp and the workdir stay writable")
+    tmpfs_size: str = Field("512m", description="size of the /tmp tmpfs when read_only")
+    shm_size: str = Field("64m", description="size of /dev/shm")
+    env: dict[str, str] = Field({}, description="environment of the sandbox's shell and processes")
+    start_timeout_s: float = Field(30.0, gt=0, description="seconds for container create + start + shell ready")
+    disk_bytes: str = Field("10g", description="disk budget of the sandbox's writable layer (and workdir volume): "
+                            "no single file may exceed it (kernel file-size limit), and a watchdog kills the "
+                            "sandbox once its total exceeds it (apparent sizes, sparse files count in full)")
+    disk_check_s: float = Field(0.5, gt=0, description="seconds between two disk-budget checks of the watchdog")
+    max_patch_bytes: int = Field(10_000_000, gt=0, description="largest patch read back from the sandbox; a "
+                                 "bigger one ends the episode as patch_too_large with reward 0")
+
+    @field_validator("memory", "tmpfs_size", "shm_size", "disk_bytes")
     @classmethod
     def _size(cls, v: str) -> str:
         if not _MEM.match(v):
@@ -62,3 +78,20 @@ class SandboxConfig(_Section):
                 raise ValueError(f"not a capability name: {cap!r}")
             out.append(cap)
         return out
+
+    @model_validator(mode="after")
+    def _network(self) -> SandboxConfig:
+        if self.network != "none":
+            if not self.allow_network:
+                raise ValueError(f'sandbox.network is {self.network!r}: only "none" unless sandbox.allow_network '
+                                 "is true")
+            logging.getLogger(__name__).warning("sandbox.network=%r: sandboxes share that network (not isolated)",
+                                                self.network)
+        return self
+
+
+def size_bytes(text: str) -> int:
+    """Bytes of a size like ``512m`` / ``2g`` / ``1.5k`` / ``100`` (powers of 1024, as Docker reads them)."""
+    text = text.strip().lower()
+    unit = text[-1] if text[-1] in "bkmg" else "b"
+    return int(float(text.rstrip("bkmg")) * 1024 ** "bkmg".index(unit))

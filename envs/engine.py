@@ -101,7 +101,7 @@ def _log(msg: str) -> None:
 
 
 def _client(url: str, timeout: float = CLIENT_TIMEOUT_S):
-    import docker
+    import docker  # lazy: docker-py is heavy (it pulls in requests)
 
     client = docker.DockerClient(base_url=url, timeout=timeout, max_pool_size=MAX_POOL)
     client.sao_docker_host = url  # the URL a `docker` CLI needs (client.api.base_url is rewritten)

@@ -9,6 +9,7 @@ from envs.errors import EngineGone, SandboxError
 
 def is_engine_failure(exc: BaseException) -> bool:
     """True when ``exc`` means the engine did not answer (socket gone, refused, reset, timed out)."""
+    # lazy: docker-py and requests (its transport) are heavy; only a failing engine call needs them
     import docker
     import requests
 

@@ -16,6 +16,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from envs.engine import docker_client
 from envs.labels import RUN_KEY, current_run_id, owner_alive, owner_filter
 
 
@@ -84,8 +85,6 @@ def cleanup_run(run_id: str | None = None, client=None) -> tuple[int, int]:
     run_id = run_id or current_run_id()
     try:
         if client is None:
-            from envs.engine import docker_client
-
             client = docker_client()
         runs = list_runs(client, run_id)
     except Exception as e:
@@ -98,7 +97,7 @@ def cleanup_run(run_id: str | None = None, client=None) -> tuple[int, int]:
 def gc(client, run_id: str | None = None, dry_run: bool = False) -> list[tuple[RunInfo, str]]:
     """Remove objects of dead runs (all dead runs, or only ``run_id``); returns (run, action) rows."""
     rows = []
-    for rid, info in sorted(list_runs(client, run_id).items()):
+    for _rid, info in sorted(list_runs(client, run_id).items()):
         what = f"{len(info.containers)} container(s), {len(info.volumes)} volume(s)"
         if info.alive is not False:
             reason = "alive" if info.alive else "owner unknown (other host or no pid label)"

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from core.files import atomic_write
 from envs.config import DockerConfig
+from envs.engine import docker_client
 from envs.errors import ImageBuildError, ImageNotFound
 from envs.hostpkg import ensure_programs
 from envs.labels import OWNER_VALUE
@@ -58,8 +59,8 @@ def _log(msg: str) -> None:
 
 def base_recipe(cfg: DockerConfig) -> dict:
     """Everything that decides the base image's content (the mirror does not: same suite, same packages)."""
-    return {"recipe": 1, "label": IMAGE_LABEL, "suite": cfg.suite, "variant": "minbase", "packages": list(BASE_PACKAGES),
-            "trim": list(TRIM), "files": FILES, "changes": list(CHANGES)}
+    return {"recipe": 1, "label": IMAGE_LABEL, "suite": cfg.suite, "variant": "minbase",
+            "packages": list(BASE_PACKAGES), "trim": list(TRIM), "files": FILES, "changes": list(CHANGES)}
 
 
 def recipe_hash(recipe: dict) -> str:
@@ -72,7 +73,7 @@ def base_tag(cfg: DockerConfig) -> str:
 
 
 def image_exists(client, name: str) -> bool:
-    import docker
+    import docker  # lazy: docker-py is heavy (it pulls in requests)
 
     try:
         client.images.get(name)
@@ -109,7 +110,7 @@ def _lock(cfg: DockerConfig, name: str):
 
 def ensure_base_image(client, cfg: DockerConfig, *, log=_log) -> str:
     """Name of a local base image, building (or loading / pulling) it only when missing."""
-    import docker
+    import docker  # lazy: docker-py is heavy (it pulls in requests)
 
     if cfg.base_image:
         if not image_exists(client, cfg.base_image):
@@ -286,8 +287,6 @@ def build_image_with_wheels(base: str, packages: list[str], tag: str | None = No
     The build runs with ``network_mode=none``, the classic builder (the API's default; no
     heredocs) and ``forcerm``. An existing ``tag`` is reused unless ``force``. Returns the tag.
     """
-    from envs.engine import docker_client
-
     client = client or docker_client()
     tag = tag or wheels_tag(base, packages, python_version)
     if not force and image_exists(client, tag):

@@ -9,8 +9,13 @@ Contract (``Sandbox(image, cfg)``, a context manager; ``close()`` removes everyt
   code, duration) through one persistent bash (cwd / env persist). Faults are typed:
   ``CommandTimeout`` (processes killed, shell usable), ``OOMKilled``, ``ContainerDied``,
   ``EngineGone``; an image that does not exist is ``ImageNotFound``.
+- Disk: no file may exceed ``cfg.disk_bytes`` (``RLIMIT_FSIZE``: the write fails at once), and a
+  watchdog thread polls the writable layer's size (plus the workdir volume's) every
+  ``cfg.disk_check_s`` and kills the container once the total exceeds ``cfg.disk_bytes``; every later
+  call then raises ``DiskLimitExceeded`` (the agent's doing, not infrastructure).
 - ``read_file`` / ``write_file`` go through the Docker archive API (any size, any bytes).
-- ``diff(base_commit)``: ``git add -A`` then the binary-safe diff of the index against the base.
+- ``diff(base_commit)``: ``git add -A`` then the binary-safe diff of the index against the base,
+  produced and read back bounded: over ``cfg.max_patch_bytes`` it raises ``PatchTooLarge``.
 - For tools that attach themselves (the OpenHands terminal): ``container_id``, ``name``,
   ``docker_host``, ``exec_argv()`` and ``docker_env()``.
 """
@@ -26,10 +31,18 @@ import sys
 import tarfile
 import time
 
-from envs.config import SandboxConfig
-from envs.errors import CommandTimeout, ContainerDied, EngineGone, ImageNotFound, OOMKilled, SandboxError
+from envs.config import SandboxConfig, size_bytes
+from envs.engine import docker_client
+from envs.errors import (
+    CommandTimeout,
+    ContainerDied,
+    ImageNotFound,
+    OOMKilled,
+    SandboxError,
+)
 from envs.faults import engine_calls
 from envs.labels import current_run_id, run_labels
+from envs.limits import DiskLimitExceeded, DiskWatchdog, PatchTooLarge
 from envs.shell import PersistentShell, ShellExited, ShellResult, ShellTimeout
 
 CommandResult = ShellResult
@@ -47,8 +60,6 @@ class Sandbox:
     def __init__(self, image: str, cfg: SandboxConfig | None = None, *, client=None, run_id: str | None = None,
                  env: dict[str, str] | None = None, name: str | None = None, labels: dict[str, str] | None = None,
                  workdir: str | None = None):
-        from envs.engine import docker_client
-
         self.cfg = cfg or SandboxConfig()
         self.image = image
         self.run_id = run_id or current_run_id()
@@ -62,6 +73,8 @@ class Sandbox:
         self._oom_flag_seen = False
         self._oom_reported = False  # an OOM kill was already reported for this container
         self._ids: tuple[int, int] | None = None
+        self.disk_budget = size_bytes(self.cfg.disk_bytes)
+        self.watchdog: DiskWatchdog | None = None
         with engine_calls(f"connecting for sandbox {self.name}"):
             self.client = client or docker_client()
         self.api = self.client.api
@@ -76,7 +89,7 @@ class Sandbox:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def _start(self) -> None:
-        import docker
+        import docker  # lazy: docker-py is heavy (it pulls in requests)
 
         cfg = self.cfg
         kwargs = dict(
@@ -85,6 +98,7 @@ class Sandbox:
             nano_cpus=int(cfg.cpus * 1e9), pids_limit=cfg.pids_limit, security_opt=["no-new-privileges"],
             cap_drop=["ALL"], cap_add=cfg.cap_add or None, working_dir=self.workdir, environment=self.env,
             stop_signal="SIGKILL", shm_size=cfg.shm_size, hostname="sandbox",
+            ulimits=[docker.types.Ulimit(name="fsize", soft=self.disk_budget, hard=self.disk_budget)],
         )
         if cfg.user:
             kwargs["user"] = cfg.user
@@ -110,15 +124,18 @@ class Sandbox:
                 self.shell = PersistentShell(self.api, self.container.id, user=cfg.user, workdir=self.workdir,
                                              env=self.env, cap_chars=cfg.output_cap_chars,
                                              ready_timeout_s=cfg.start_timeout_s)
-            except (ShellExited, ShellTimeout, docker.errors.APIError):
+            except (ShellExited, ShellTimeout, docker.errors.APIError) as e:
                 self._raise_if_dead("starting its shell", "")
-                raise SandboxError(f"sandbox {self.name}: its shell did not start (does {self.image} have bash?)")
+                raise SandboxError(f"sandbox {self.name}: its shell did not start "
+                                   f"(does {self.image} have bash?)") from e
+        self.watchdog = DiskWatchdog(self.api, self.container.id, self.disk_budget, cfg.disk_check_s, self.volume,
+                                     self.name)
 
     @property
     def container_id(self) -> str:
         return self.container.id if self.container is not None else ""
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -129,6 +146,8 @@ class Sandbox:
         if self._closed:
             return
         self._closed = True
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.shell is not None:
             self.shell.close()
         for obj in (self.container, self.volume):
@@ -141,10 +160,19 @@ class Sandbox:
                     print(f"sandbox {self.name}: cleanup of {getattr(obj, 'name', obj)} failed: "
                           f"{str(e).splitlines()[0][:200]}", file=sys.stderr)
 
+    @property
+    def disk_exceeded(self) -> int | None:
+        """Bytes in use when the disk watchdog killed the container, or None."""
+        return self.watchdog.exceeded if self.watchdog is not None else None
+
+    def _disk_error(self, doing: str) -> DiskLimitExceeded:
+        return DiskLimitExceeded(f"sandbox {self.name}: killed over its disk budget ({self.cfg.disk_bytes}: "
+                                 f"{self.disk_exceeded} bytes in use) while {doing}")
+
     # -- state -------------------------------------------------------------------------------------
     def state(self) -> dict:
         """The container's ``State`` (``ContainerDied`` if it was removed, ``EngineGone`` if unreachable)."""
-        import docker
+        import docker  # lazy: docker-py is heavy (it pulls in requests)
 
         with engine_calls(f"inspecting sandbox {self.name}"):
             try:
@@ -163,6 +191,8 @@ class Sandbox:
                 return
             time.sleep(0.05)
         code = st.get("ExitCode")
+        if self.disk_exceeded is not None:
+            raise self._disk_error(doing)
         if st.get("OOMKilled") and not self._oom_reported:  # the engine's flag is sticky: only news counts
             raise OOMKilled(f"sandbox {self.name}: container OOM-killed at the memory limit ({self.cfg.memory}) "
                             f"while {doing}", output, code, container_died=True)
@@ -185,6 +215,8 @@ class Sandbox:
     def run(self, command: str, timeout_s: float | None = None, *, cap_chars: int | None = None,
             check: bool = False) -> CommandResult:
         """Run ``command`` in the persistent shell (see the module doc); ``check`` raises on exit != 0."""
+        if self.disk_exceeded is not None:
+            raise self._disk_error(f"running {command[:80]!r}")
         if self._closed or self.shell is None:
             raise SandboxError(f"sandbox {self.name} is closed")
         timeout_s = timeout_s or self.cfg.command_timeout_s
@@ -244,7 +276,7 @@ class Sandbox:
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write ``data`` to ``path`` (relative = under the workdir) through the archive API."""
-        import docker
+        import docker  # lazy: docker-py is heavy (it pulls in requests)
 
         if isinstance(data, str):
             data = data.encode("utf-8")
@@ -268,7 +300,7 @@ class Sandbox:
 
     def read_file(self, path: str) -> bytes:
         """Bytes of ``path`` (relative = under the workdir); ``FileNotFoundError`` if missing."""
-        import docker
+        import docker  # lazy: docker-py is heavy (it pulls in requests)
 
         path = self._abs(path)
         with engine_calls(f"reading {path} in sandbox {self.name}"):
@@ -292,22 +324,43 @@ class Sandbox:
 
     # -- patch -------------------------------------------------------------------------------------
     def diff_bytes(self, base_commit: str, repo: str | None = None, timeout_s: float = 120.0) -> bytes:
-        """``git add -A`` then ``git diff --cached --binary <base>`` in ``repo`` (default: the workdir)."""
+        """``git add -A`` then ``git diff --cached --binary <base>`` in ``repo`` (default: the workdir).
+
+        At most ``cfg.max_patch_bytes + 1`` bytes are ever written or read back; more is ``PatchTooLarge``.
+        """
         repo = self._abs(repo or self.workdir)
+        cap = self.cfg.max_patch_bytes
         out = f".sao-patch-{secrets.token_hex(4)}"
         q = shlex.quote
         git = f"git -C {q(repo)}"
-        res = self.run(f"(d=$({git} rev-parse --absolute-git-dir) && {git} add -A && {git} diff --no-color "
-                       f"--no-ext-diff --binary --cached {q(base_commit)} -- > \"$d/{out}\" && echo \"$d\")",
-                       timeout_s)
+        res = self.run(f"(d=$({git} rev-parse --absolute-git-dir) && {git} add -A && {{ {git} diff --no-color "
+                       f"--no-ext-diff --binary --cached {q(base_commit)} -- | head -c {cap + 1} > \"$d/{out}\"; "
+                       f"s=(\"${{PIPESTATUS[@]}}\"); [ \"${{s[0]}}\" = 0 ] || [ \"${{s[0]}}\" = 141 ]; }} "
+                       f"&& echo \"$d\")", timeout_s)
         if res.exit_code != 0:
             raise SandboxError(f"sandbox {self.name}: git diff against {base_commit} in {repo} failed "
                                f"(exit {res.exit_code}): {res.output.strip()[-500:]}")
         git_dir = res.output.strip().splitlines()[-1]
         try:
-            return self.read_file(f"{git_dir}/{out}")
+            data = self._read_bounded(f"{git_dir}/{out}", cap + 1, timeout_s)
         finally:
             self.run(f"rm -f {q(git_dir + '/' + out)}", 30)
+        if len(data) > cap:
+            raise PatchTooLarge(f"sandbox {self.name}: the patch is over sandbox.max_patch_bytes ({cap} bytes)")
+        return data
+
+    def _read_bounded(self, path: str, limit: int, timeout_s: float) -> bytes:
+        """At most ``limit`` bytes of ``path``, streamed by ``head -c`` in the container (binary-safe)."""
+        argv = ["timeout", "-s", "KILL", str(int(timeout_s) + 1), "head", "-c", str(limit), "--", path]
+        with engine_calls(f"reading {path} in sandbox {self.name}"):
+            ex = self.api.exec_create(self.container_id, argv, stdout=True, stderr=True, user=self.cfg.user or "")
+            data, err = self.api.exec_start(ex["Id"], demux=True)
+            code = self.api.exec_inspect(ex["Id"]).get("ExitCode")
+        if code != 0:
+            self._raise_if_dead(f"reading {path}", "")
+            raise SandboxError(f"sandbox {self.name}: cannot read {path} (exit {code}): "
+                               f"{(err or b'').decode(errors='replace')[-300:]}")
+        return data or b""
 
     def diff(self, base_commit: str, repo: str | None = None, timeout_s: float = 120.0) -> str:
         """The patch (text; undecodable bytes replaced) of the work tree against ``base_commit``."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import secrets
 import select
-import socket
 import struct
 import time
 from dataclasses import dataclass
@@ -86,7 +85,7 @@ class ShellExited(Exception):
 class ShellTimeout(Exception):
     """Internal: the deadline passed (carries what was read so far)."""
 
-    def __init__(self, collector: "_Collector"):
+    def __init__(self, collector: _Collector):
         super().__init__("deadline passed")
         self.collector = collector
 

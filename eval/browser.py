@@ -16,6 +16,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
+
+from envs.errors import EngineError
+from envs.hostpkg import ensure_programs, which
+
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
@@ -24,8 +30,6 @@ class BrowserUnavailable(RuntimeError):
 
 
 def find_chromium() -> str | None:
-    from envs.hostpkg import which
-
     for name in NAMES:
         path = which(name)
         if path:
@@ -37,9 +41,6 @@ def ensure_chromium(log=None) -> str:
     path = find_chromium()
     if path:
         return path
-    from envs.errors import EngineError
-    from envs.hostpkg import ensure_programs
-
     try:
         ensure_programs({"chromium": "chromium"}, log=log)
     except EngineError as e:
@@ -63,8 +64,8 @@ def screenshot(html_path: str | Path, png_path: str | Path, size: tuple[int, int
            f"--user-data-dir={profile}", f"--screenshot={png_path}", f"--window-size={size[0]},{size[1]}",
            html_path.as_uri()]
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                              timeout=timeout)
+        proc = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"chromium did not finish the screenshot within {timeout:g} s") from None
     finally:
@@ -77,9 +78,6 @@ def screenshot(html_path: str | Path, png_path: str | Path, size: tuple[int, int
 
 def image_stats(png_path: str | Path) -> tuple[float, int]:
     """(pixel variance over all channels, number of distinct RGB colours) of a PNG."""
-    import numpy as np
-    from PIL import Image
-
     with Image.open(png_path) as img:
         a = np.asarray(img.convert("RGB"))
     colours = len(np.unique(a.reshape(-1, 3), axis=0))

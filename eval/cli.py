@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from core.errors import UserError
+from tasks.cli import IdsAction
 
 
 def cmd_agent_eval(args) -> int:
@@ -32,7 +34,7 @@ def cmd_agent_eval(args) -> int:
         cfg.eval.gold_preflight = True
     if getattr(args, "instances", None):
         cfg.eval.instances = list(dict.fromkeys(args.instances))
-    from eval.run import run_eval
+    from eval.run import run_eval  # lazy: keep sao --help fast
 
     out = run_eval(cfg, log=lambda msg: print(msg, flush=True))
     r = out.report
@@ -49,7 +51,7 @@ def cmd_agent_eval(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from eval.compare import compare, render
+    from eval.compare import compare, render  # lazy: keep sao --help fast
 
     result = compare(args.a, args.b)
     if args.json:
@@ -61,7 +63,7 @@ def cmd_compare(args) -> int:
 
 def read_predictions(path: str, tasks_by_id: dict) -> tuple[list[dict], list[str]]:
     """(valid predictions, one error line per bad prediction line)."""
-    from tasks.guard import InvalidPatch, parse_patch
+    from tasks.guard import InvalidPatch, parse_patch  # lazy: keep sao --help fast
 
     p = Path(path)
     if not p.is_file():
@@ -115,11 +117,20 @@ def read_predictions(path: str, tasks_by_id: dict) -> tuple[list[dict], list[str
 
 
 def cmd_grade(args) -> int:
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tasks.grade import INFRA, RESOLVED, LOG_ROOT, RUN_ID_RE, grade, image_exists, new_run_id
-    from tasks.loaders import load_tasks_lenient
+    from envs.engine import ensure_engine  # lazy: keep sao --help fast
+    from eval.grading import (  # lazy: keep sao --help fast
+        grade_all,
+        resolved_line,
+        swebench_report,
+    )
+    from tasks.grade import (  # lazy: keep sao --help fast
+        INFRA,
+        RESOLVED,
+        RUN_ID_RE,
+        image_exists,
+        new_run_id,
+    )
+    from tasks.loaders import load_tasks_lenient  # lazy: keep sao --help fast
 
     cfg = args.cfg
     dataset = args.dataset or cfg.eval.dataset
@@ -147,10 +158,7 @@ def cmd_grade(args) -> int:
                         "reported instances); pick a fresh run id")
     for msg in line_errors:
         print(f"error: {msg}")
-    from envs.engine import ensure_engine
-
     client = ensure_engine(cfg.docker)
-    results: dict[str, dict] = {}
     instance_errors: dict[str, str] = {}
     todo = []
     for p in preds:
@@ -165,42 +173,30 @@ def cmd_grade(args) -> int:
                                     "sao tasks build --task-repo DIR)")
         else:
             todo.append((task, p))
-    for iid, msg in instance_errors.items():
+    for _iid, msg in instance_errors.items():
         print(f"error: {msg}")
     t0 = time.monotonic()
     print(f"grading {len(todo)} prediction(s) from {args.predictions} against {dataset} "
           f"(run id {run_id}, {cfg.eval.max_workers} at a time, guard {'on' if cfg.eval.guard else 'off'})", flush=True)
 
-    def one(item):
-        task, p = item
-        return task.instance_id, grade(task, p["model_patch"], run_id=run_id, timeout=cfg.eval.grade_timeout_s,
-                                       client=client, guard=cfg.eval.guard, model=p["model_name_or_path"],
-                                       log_root=log_root)
+    def on_result(i: int, n: int, r) -> None:
+        extra = f" stripped: {', '.join(r.stripped_files)}" if r.stripped_files else ""
+        err = f" ({r.error})" if r.error else ""
+        print(f"  {r.instance_id}: official {r.official_status}, guarded {r.status}, hacking attempts "
+              f"{r.hacking_attempts}, {r.seconds:.1f} s{extra}{err}", flush=True)
 
-    with ThreadPoolExecutor(max_workers=cfg.eval.max_workers) as pool:
-        for iid, r in pool.map(one, todo):
-            results[iid] = r.to_dict()
-            extra = f" stripped: {', '.join(r.stripped_files)}" if r.stripped_files else ""
-            err = f" ({r.error})" if r.error else ""
-            print(f"  {iid}: official {r.official_status}, guarded {r.status}, hacking attempts "
-                  f"{r.hacking_attempts}, {r.seconds:.1f} s{extra}{err}", flush=True)
-    swebench_report = None
-    if preds:
-        from swebench.harness.reporting import make_run_report
-
-        graded_ids = set(results)
-        full = [t.to_row() for t in tasks]
-        official_preds = {p["instance_id"]: p for p in preds if p["instance_id"] in graded_ids}
-        if official_preds:
-            with LOG_ROOT.use(log_root):
-                swebench_report = str(make_run_report(official_preds, full, run_id, None, str(run_dir)))
+    graded = grade_all(todo, run_id=run_id, client=client, eval_cfg=cfg.eval, sandbox_cfg=cfg.sandbox,
+                       log_root=log_root, on_result=on_result)
+    results = {iid: r.to_dict() for iid, r in graded.items()}
+    graded_preds = {p["instance_id"]: p for p in preds if p["instance_id"] in results}
+    swebench = swebench_report(graded_preds, tasks, run_id, log_root=log_root, out_dir=run_dir)
     m = len(preds)
     n_guarded = sum(r["status"] == RESOLVED for r in results.values())
     n_official = sum(r["official_status"] == RESOLVED for r in results.values())
     infra = sorted(i for i, r in results.items() if r["status"] == INFRA or r["official_status"] == INFRA)
     summary = {
         "run_id": run_id, "dataset": dataset, "predictions": args.predictions, "guard": cfg.eval.guard,
-        "swebench_report": swebench_report, "log_root": str(log_root), "seconds": round(time.monotonic() - t0, 2),
+        "swebench_report": swebench, "log_root": str(log_root), "seconds": round(time.monotonic() - t0, 2),
         "submitted": m, "graded": len(results), "resolved_guarded": n_guarded, "resolved_official": n_official,
         "hacking_attempts": {i: r["hacking_attempts"] for i, r in results.items() if r["hacking_attempts"]},
         "infra_failures": infra, "instance_errors": instance_errors, "line_errors": line_errors,
@@ -211,10 +207,10 @@ def cmd_grade(args) -> int:
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     tmp.replace(out)
-    print(f"grade report: {out}" + (f"; swebench report: {swebench_report}" if swebench_report else ""))
+    print(f"grade report: {out}" + (f"; swebench report: {swebench}" if swebench else ""))
     if infra:
         print(f"infra failures (no verdict, never a reward): {', '.join(infra)}")
-    print(f"resolved: {n_guarded}/{m} guarded, {n_official}/{m} official")
+    print(resolved_line(n_guarded, n_official, m))
     sys.stdout.flush()
     return 1 if (line_errors or instance_errors or infra) else 0
 
@@ -249,8 +245,6 @@ class _EvalSubcommands(argparse._SubParsersAction):
 
 
 def _agent_options(p) -> None:
-    from tasks.cli import IdsAction
-
     p.add_argument("--config", metavar="FILE.yaml", help="run config (default: configs/local.yaml when present)")
     p.add_argument("--gold", action="store_true", help="grade the gold patches first; stop if one does not resolve")
     p.add_argument("--instances", nargs="+", action=IdsAction, metavar="ID", help="evaluate only these instances")
@@ -260,8 +254,6 @@ def _agent_options(p) -> None:
 
 
 def register(sub, add_config_args):
-    from tasks.cli import IdsAction
-
     p = sub.add_parser("eval", help="evaluate a policy on a task set (agent + swebench), grade predictions, compare",
                        description="sao eval [--config F] [--gold] [--instances ID...] [key.sub=value ...]: run the "
                                    "agent and grade it; or a subcommand: grade, compare")

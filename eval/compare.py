@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.errors import UserError
+from eval.report import load_report
 
 KINDS = ("newly_resolved", "newly_failed", "unchanged_resolved", "unchanged_unresolved", "only_in_a", "only_in_b")
 
@@ -34,8 +35,6 @@ def _rate(rows: list[dict], key: str) -> float:
 
 
 def compare(a: str | Path, b: str | Path) -> dict:
-    from eval.report import load_report
-
     pa, pb = find_report(a), find_report(b)
     ra, rb = load_report(pa), load_report(pb)
     rows_a = {r["instance_id"]: r for r in ra.get("instances", [])}
@@ -86,12 +85,13 @@ def render(result: dict) -> str:
             vb = c["b"]["verdict"] if c["b"] else "-"
             lines.append(f"  {c['instance_id']:<{width}}  {va} -> {vb}")
     counts = result["counts"]
-    lines += ["", f"shared instances: {result['shared']}; newly resolved {counts['newly_resolved']}, newly failed "
-              f"{counts['newly_failed']}, unchanged {counts['unchanged_resolved'] + counts['unchanged_unresolved']}",
-              f"resolved rate (guarded, shared instances): {a['shared_rate_guarded']:.1%} -> "
-              f"{b['shared_rate_guarded']:.1%}",
-              f"resolved rate (official, shared instances): {a['shared_rate_official']:.1%} -> "
-              f"{b['shared_rate_official']:.1%}",
-              f"resolved rate (guarded, whole runs): {(a['resolved_rate_guarded'] or 0):.1%} of {a['total']} -> "
-              f"{(b['resolved_rate_guarded'] or 0):.1%} of {b['total']}"]
+    shared = (f"shared instances: {result['shared']}; newly resolved {counts['newly_resolved']}, newly failed "
+              f"{counts['newly_failed']}, unchanged {counts['unchanged_resolved'] + counts['unchanged_unresolved']}")
+    guarded = (f"resolved rate (guarded, shared instances): {a['shared_rate_guarded']:.1%} -> "
+               f"{b['shared_rate_guarded']:.1%}")
+    official = (f"resolved rate (official, shared instances): {a['shared_rate_official']:.1%} -> "
+                f"{b['shared_rate_official']:.1%}")
+    whole = (f"resolved rate (guarded, whole runs): {(a['resolved_rate_guarded'] or 0):.1%} of {a['total']} -> "
+             f"{(b['resolved_rate_guarded'] or 0):.1%} of {b['total']}")
+    lines += ["", shared, guarded, official, whole]
     return "\n".join(lines)

@@ -18,6 +18,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from core.errors import UserError
+from eval.paths import write_json
+
 DIFFICULTY_ORDER = ("easy", "medium", "hard")
 COLORS = {"resolved": "#2e9d5b", "unresolved": "#8a94a6", "empty": "#c9ced8", "patch_does_not_apply": "#e0a030",
           "infra_failure": "#d04a4a", "no verdict": "#d04a4a"}
@@ -114,11 +117,11 @@ def _bar_colors(rows):
 
 def make_plots(report: dict, out_dir: Path) -> dict[str, Path]:
     """turns.png, tokens.png, difficulty.png in ``out_dir``."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is heavy, only the report draws
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg")
+    from matplotlib.patches import Patch  # lazy: as above
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = report["instances"]
@@ -287,8 +290,6 @@ def render_html(report: dict, plots: dict[str, Path]) -> str:
 
 def write_report(eval_dir, *, tasks, preds, grades, episodes, manifest, swebench_summary, seconds=0.0):
     """Write report.json / report.md / report.html / plots; return (report, {kind: path})."""
-    from eval.run import write_json
-
     eval_dir = Path(eval_dir)
     report = build_report(tasks=tasks, preds=preds, grades=grades, episodes=episodes, manifest=manifest,
                           swebench_summary=swebench_summary, seconds=seconds)
@@ -305,8 +306,6 @@ def write_report(eval_dir, *, tasks, preds, grades, episodes, manifest, swebench
 
 def load_report(path) -> dict:
     """A ``report.json`` (or the eval directory holding one)."""
-    from core.errors import UserError
-
     p = Path(path)
     if p.is_dir():
         p = p / "report.json"

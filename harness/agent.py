@@ -18,7 +18,10 @@ Contract:
   proxy or HTTP failure -> error_kind ``infra`` (context-window overflow: ``context``); the sandbox
   dying mid-episode -> ``infra`` before the next LLM request; other failures -> ``agent``;
   ``AgentResult.status`` maps these onto the trace statuses.
-- ``instruction_for(problem_statement, base_commit)``: the OpenHands SWE-bench prompt.
+- ``instruction_for(problem_statement, base_commit)``: the OpenHands SWE-bench prompt (``harness.prompts``).
+- ``settings.profile``: ``openhands`` (default) is the SDK's prompt and tool texts, unchanged; ``compact``
+  is the same agent and tools with ``harness.prompts.COMPACT_SYSTEM_PROMPT`` and the short tool texts
+  of ``harness.tools.registry`` (pair it with ``instruction_for(..., profile="compact")``).
 - The SDK is imported once per process (``load_sdk()``, lazily, ~5-7 s).
 """
 from __future__ import annotations
@@ -31,102 +34,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pydantic import PrivateAttr
+
+from envs.errors import SandboxError
+from harness.prompts import (  # noqa: F401 (re-exported)
+    COMPACT_SYSTEM_PROMPT,
+    SWEBENCH_CONDA_ACTIVATE,
+    instruction_for,
+    nudge_text,
+)
+
 DEFAULT_MODEL = "openai/sao-policy"  # litellm's OpenAI-compatible route; the proxy ignores the name
-REPO_PATH = "/testbed"
-# Official runner (OpenHands/benchmarks, benchmarks/utils/fake_user_response.py): the reply to an agent
-# message that is not a tool call; from the second nudge on it also offers giving up.
-NUDGE = ("Please continue working on the task on whatever approach you think is suitable.\n"
-         "When you think you have solved the question, please use the finish tool and include your final "
-         "answer in the message parameter of the finish tool.\n"
-         "IMPORTANT: YOU SHOULD NEVER ASK FOR HUMAN HELP.\n")
-NUDGE_GIVE_UP = 'If you want to give up, use the "finish" tool to finish the interaction.\n'
-# Official runner's SWE-bench prompt (OpenHands/benchmarks, benchmarks/swebench/prompts/default.j2).
-INSTRUCTION_TEMPLATE = """\
-I have access to a python code repository in the directory {repo_path} . You can explore and modify files using the available tools. Consider the following issue description:
-
-<issue_description>
-{problem_statement}
-</issue_description>
-
-Can you help me implement the necessary changes to the repository so that the requirements specified in the <issue_description> are met?
-I've already taken care of all changes to any of the test files described in the <issue_description>. This means you DON'T have to modify the testing logic or any of the tests in any way!
-Also the development Python environment is already set up for you (i.e., all dependencies already installed), so you don't need to install other packages.
-Your task is to make the minimal changes to non-test files in the {repo_path} directory to ensure the <issue_description> is satisfied.
-
-Follow these phases to resolve the issue:
-
-Phase 1. READING: read the problem and reword it in clearer terms
-   1.1 If there are code or config snippets. Express in words any best practices or conventions in them.
-   1.2 Hightlight message errors, method names, variables, file names, stack traces, and technical details.
-   1.3 Explain the problem in clear terms.
-   1.4 Enumerate the steps to reproduce the problem.
-   1.5 Hightlight any best practices to take into account when testing and fixing the issue
-
-Phase 2. RUNNING: install and run the tests on the repository
-{phase2}
-Phase 3. EXPLORATION: find the files that are related to the problem and possible solutions
-   3.1 Use `grep` to search for relevant methods, classes, keywords and error messages.
-   3.2 Identify all files related to the problem statement.
-   3.3 Propose the methods and files to fix the issue and explain why.
-   3.4 From the possible file locations, select the most likely location to fix the issue.
-
-Phase 4. TEST CREATION: before implementing any fix, create a script to reproduce and verify the issue.
-   4.1 Look at existing test files in the repository to understand the test format/structure.
-   4.2 Create a minimal reproduction script that reproduces the located issue.
-   4.3 Run the reproduction script to confirm you are reproducing the issue.
-   4.4 Adjust the reproduction script as necessary.
-
-Phase 5. FIX ANALYSIS: state clearly the problem and how to fix it
-   5.1 State clearly what the problem is.
-   5.2 State clearly where the problem is located.
-   5.3 State clearly how the test reproduces the issue.
-   5.4 State clearly the best practices to take into account in the fix.
-   5.5 State clearly how to fix the problem.
-
-Phase 6. FIX IMPLEMENTATION: Edit the source code to implement your chosen solution.
-   6.1 Make minimal, focused changes to fix the issue.
-
-Phase 7. VERIFICATION: Test your implementation thoroughly.
-   7.1 Run your reproduction script to verify the fix works.
-   7.2 Add edge cases to your test script to ensure comprehensive coverage.
-   7.3 Run existing tests related to the modified code to ensure you haven't broken anything.
-
-8. FINAL REVIEW: Carefully re-read the problem description and compare your changes with the base commit {base_commit}.
-   8.1 Ensure you've fully addressed all requirements.
-   8.2 Run any tests in the repository related to:
-     8.2.1 The issue you are fixing
-     8.2.2 The files you modified
-     8.2.3 The functions you changed
-   8.3 If any tests fail, revise your implementation until all tests pass
-
-Be thorough in your exploration, testing, and reasoning. It's fine if your thinking process is lengthy - quality and completeness are more important than brevity."""
-PHASE2_ACTIVATE = """\
-   2.1 Activate the environment by running  
-       {activate}
-   2.2 Follow the readme
-   2.3 Install the environment and anything needed
-   2.4 Iterate and figure out how to run the tests
-"""
-PHASE2_PLAIN = """\
-   2.1 Follow the readme
-   2.2 Install the environment and anything needed
-   2.3 Iterate and figure out how to run the tests
-"""
-# The official SWE-bench images' environment (pass as ``activate=`` for them).
-SWEBENCH_CONDA_ACTIVATE = "source /opt/miniconda3/etc/profile.d/conda.sh ; conda activate testbed"
-
-
-def instruction_for(problem_statement: str, base_commit: str | None = None, repo_path: str = REPO_PATH,
-                    activate: str | None = None) -> str:
-    """The OpenHands SWE-bench instruction; ``activate`` = the command that activates the task's env."""
-    phase2 = PHASE2_ACTIVATE.replace("{activate}", activate) if activate else PHASE2_PLAIN
-    return (INSTRUCTION_TEMPLATE.replace("{phase2}", phase2).replace("{repo_path}", repo_path)
-            .replace("{base_commit}", base_commit or "HEAD").replace("{problem_statement}", problem_statement))
-
-
-def nudge_text(nudges_sent: int) -> str:
-    """The n-th "please continue" message (0-based), worded as the official runner words it."""
-    return NUDGE + (NUDGE_GIVE_UP if nudges_sent >= 1 else "")
 
 
 # ------------------------------------------------------------------------------------------- SDK
@@ -139,6 +57,11 @@ def load_sdk() -> dict[str, Any]:
     if not _SDK:
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
+        # lazy: the openhands SDK (~5-7 s); litellm, openai, httpx and docker come with it or are as heavy
+        import docker
+        import httpx
+        import litellm
+        import openai
         from openhands.sdk import LLM, Agent, Message, TextContent
         from openhands.sdk.conversation.exceptions import ConversationRunError
         from openhands.sdk.conversation.impl.local_conversation import LocalConversation
@@ -148,9 +71,7 @@ def load_sdk() -> dict[str, Any]:
         from openhands.sdk.llm import exceptions as llm_exc
         from openhands.sdk.tool.builtins import FinishAction
 
-        import harness.sandbox_tools as sandbox_tools
-
-        from pydantic import PrivateAttr
+        from harness.tools import SandboxTarget, SandboxTools, SandboxUnavailable  # lazy: imports the SDK
 
         class EpisodeLLM(LLM):
             """``LLM`` counting its requests (the SDK's metrics skip replies it could not parse)."""
@@ -173,7 +94,12 @@ def load_sdk() -> dict[str, Any]:
                     ConversationRunError=ConversationRunError, ActionEvent=ActionEvent,
                     AgentErrorEvent=AgentErrorEvent, MessageEvent=MessageEvent,
                     ObservationEvent=ObservationEvent, ConversationErrorEvent=ConversationErrorEvent,
-                    llm_exc=llm_exc, FinishAction=FinishAction, sandbox_tools=sandbox_tools)
+                    llm_exc=llm_exc, FinishAction=FinishAction, SandboxTarget=SandboxTarget,
+                    SandboxTools=SandboxTools, SandboxUnavailable=SandboxUnavailable,
+                    # failures of the LLM/proxy transport and of Docker: infrastructure (classify_error)
+                    infra_errors=(litellm.exceptions.APIError, litellm.exceptions.APIConnectionError,
+                                  litellm.exceptions.Timeout, openai.APIError, httpx.HTTPError,
+                                  docker.errors.DockerException, SandboxError))
     return _SDK
 
 
@@ -196,16 +122,20 @@ class AgentSettings:
     stuck_detection: bool = True  # the SDK's stuck detector (the official runner keeps it on)
     no_change_timeout_s: int | None = None  # terminal "no new output" timeout; None = SDK default (30 s)
     cli_mode: bool = True  # the SDK system prompt's CLI mode, as the official runner sets it
+    profile: str = "openhands"  # "openhands": the SDK's prompt; "compact": short prompt and tool texts
 
     @classmethod
-    def from_config(cls, cfg, **overrides) -> "AgentSettings":
+    def from_config(cls, cfg, **overrides) -> AgentSettings:
         """From a ``harness.config.Config`` (agent.*, sampling.*, proxy.tool_format, engine.timeout_s)."""
         kw: dict[str, Any] = dict(
             max_iterations=cfg.agent.max_iterations, max_nudges=cfg.agent.max_nudges,
             native_tool_calling=cfg.proxy.tool_format == "native", temperature=cfg.sampling.temperature,
             top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k, max_tokens=cfg.sampling.max_tokens,
             request_timeout_s=int(cfg.engine.timeout_s) + 60)  # the proxy reports an engine timeout first
-        for key in ("stuck_detection", "no_change_timeout_s", "model"):  # optional agent.* keys
+        token = cfg.proxy.resolved_token()  # the proxy's bearer token (proxy.token / $SAO_PROXY_TOKEN)
+        if token:
+            kw["api_key"] = token
+        for key in ("stuck_detection", "no_change_timeout_s", "model", "profile"):  # optional agent.* keys
             if hasattr(cfg.agent, key):
                 kw[key] = getattr(cfg.agent, key)
         kw.update(overrides)
@@ -263,22 +193,9 @@ def classify_error(exc: BaseException) -> str:
         return CONTEXT
     if "context_length_exceeded" in str(e):  # the proxy's 400 for a prompt over the episode's token budget
         return CONTEXT
-    if isinstance(e, (llm_exc.LLMError, sdk["sandbox_tools"].SandboxUnavailable)):
+    if isinstance(e, (llm_exc.LLMError, sdk["SandboxUnavailable"])):
         return INFRA
-    import httpx
-    import litellm
-    import openai
-
-    infra_types: tuple[type, ...] = (litellm.exceptions.APIError, litellm.exceptions.APIConnectionError,
-                                     litellm.exceptions.Timeout, openai.APIError, httpx.HTTPError)
-    try:
-        import docker
-        from envs.errors import SandboxError
-
-        infra_types += (docker.errors.DockerException, SandboxError)
-    except ImportError:
-        pass
-    return INFRA if isinstance(e, infra_types) else AGENT
+    return INFRA if isinstance(e, sdk["infra_errors"]) else AGENT
 
 
 def _error_reason(exc: BaseException) -> str:
@@ -316,6 +233,11 @@ def build_agent(llm, tools, settings: AgentSettings | None = None):
     """The SDK ``Agent``: no condenser, ``terminal`` + ``file_editor`` in the sandbox, ``finish`` + ``think``."""
     sdk = load_sdk()
     s = settings or AgentSettings()
+    if s.profile == "compact":  # the same tools (finish and think among the specs) with short texts
+        return sdk["Agent"](llm=llm, tools=tools.tool_specs(profile="compact"), condenser=None,
+                            include_default_tools=[], system_prompt=COMPACT_SYSTEM_PROMPT)
+    if s.profile != "openhands":
+        raise ValueError(f"unknown agent profile {s.profile!r} (expected openhands or compact)")
     return sdk["Agent"](llm=llm, tools=tools.tool_specs(), condenser=None,
                         include_default_tools=["FinishTool", "ThinkTool"],
                         system_prompt_kwargs={"cli_mode": s.cli_mode})
@@ -333,13 +255,13 @@ def build_conversation(agent, workspace: str, settings: AgentSettings | None = N
 # -------------------------------------------------------------------------------------------- run
 
 def _target(sandbox):
-    st = load_sdk()["sandbox_tools"]
-    if isinstance(sandbox, st.SandboxTarget):
+    SandboxTarget = load_sdk()["SandboxTarget"]
+    if isinstance(sandbox, SandboxTarget):
         return sandbox
     if hasattr(sandbox, "container_id"):  # envs.sandbox.Sandbox
-        return st.SandboxTarget.from_sandbox(sandbox)
+        return SandboxTarget.from_sandbox(sandbox)
     if isinstance(sandbox, str):
-        return st.SandboxTarget(container=sandbox)
+        return SandboxTarget(container=sandbox)
     raise TypeError(f"run_agent: sandbox must be a SandboxTarget, an envs Sandbox or a container id, "
                     f"not {type(sandbox).__name__}")
 
@@ -397,7 +319,7 @@ def run_agent(sandbox, *, base_url: str, instruction: str, episode_id: str, task
     s = settings or AgentSettings()
     t0 = time.monotonic()
     if tools is None:
-        tools = sdk["sandbox_tools"].SandboxTools(_target(sandbox), no_change_timeout_seconds=s.no_change_timeout_s)
+        tools = sdk["SandboxTools"](_target(sandbox), no_change_timeout_seconds=s.no_change_timeout_s)
     workspace = tempfile.mkdtemp(prefix="sao-agent-ws-")
     conv = llm = None
     out: dict[str, Any] = dict(finished=False, hit_max_iterations=False, stuck=False, nudges=0, error=None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from core.errors import UserError
 
 
 def register(sub, add_config_args):
@@ -13,7 +14,8 @@ def register(sub, add_config_args):
     show.add_argument("path", metavar="FILE", help="a trace shard (.parquet), a traces/ dir or a run dir")
     show.add_argument("--index", type=int, default=0, help="which trajectory (default 0; negative counts from the end)")
     show.add_argument("--json", action="store_true", help="machine-readable output")
-    show.add_argument("--tokenizer", default=None, help="decode tokens with this tokenizer dir (default: the one in the trace's metadata)")
+    show.add_argument("--tokenizer", default=None,
+                      help="decode tokens with this tokenizer dir (default: the one in the trace's metadata)")
     show.set_defaults(func=cmd_trace_show)
     ls = tsub.add_parser("list", help="one line per trajectory")
     ls.add_argument("path", metavar="PATH")
@@ -32,14 +34,14 @@ def register(sub, add_config_args):
 
 
 def cmd_rollout(args) -> int:
-    from harness.rollout import run_rollout
+    from harness.rollout import run_rollout  # lazy: CLI handler (keeps `sao --help` fast)
 
     stats = run_rollout(args.cfg)
     return 0 if stats.done + stats.skipped >= stats.total else 1
 
 
 def cmd_model_tiny(args) -> int:
-    from harness.tiny_model import build_tiny_model
+    from harness.tiny_model import build_tiny_model  # lazy: CLI handler (keeps `sao --help` fast)
 
     out = build_tiny_model(args.out, args.seed)
     print(f"tiny model written to {out}")
@@ -47,7 +49,7 @@ def cmd_model_tiny(args) -> int:
 
 
 def cmd_trace_list(args) -> int:
-    from harness.store import read_traces
+    from harness.store import read_traces  # lazy: CLI handler (pyarrow)
 
     for i, t in enumerate(read_traces(args.path)):
         print(f"{i:4d} {t.traj_id} task={t.task_id} status={t.status} reward={t.reward} turns={t.turns} "
@@ -59,7 +61,7 @@ def _load_tokenizer(path):
     if not path:
         return None
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: heavy
 
         return AutoTokenizer.from_pretrained(path)
     except Exception:
@@ -67,8 +69,7 @@ def _load_tokenizer(path):
 
 
 def cmd_trace_show(args) -> int:
-    from core.errors import UserError
-    from harness.store import read_traces
+    from harness.store import read_traces  # lazy: CLI handler (pyarrow)
 
     trajs = read_traces(args.path)
     try:
@@ -97,7 +98,7 @@ def _starts(t):
 
 
 def _print_human(t, tok) -> None:
-    from rich.console import Console
+    from rich.console import Console  # lazy: only `sao trace show` prints with rich
     from rich.text import Text
 
     console = Console(highlight=False)

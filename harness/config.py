@@ -1,6 +1,7 @@
 """Config sections of the harness: the model, the engine and its sampling, the proxy, the agent, rollouts."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -10,50 +11,93 @@ from core.config import Section
 
 
 class ModelConfig(Section):
-    # "tiny" builds the project's tiny Qwen3-MoE model into cache_dir; otherwise a local path or a
-    # Hugging Face model id (loaded from the local Hugging Face cache / hub where reachable).
-    path: str = "tiny"  # "tiny" (built locally), a local model directory, or a Hugging Face model id
-    cache_dir: Path = Path(".cache/sao")  # where the tiny model is built (once per recipe)
-    tiny_seed: int = 0  # the tiny model's weights and tokenizer are a function of this seed
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weights' dtype in engine and trainer
+    """The policy model: the project's tiny model, a local directory or a Hugging Face model id."""
+
+    path: str = Field("tiny", description="`tiny` (built locally into cache_dir), a local model directory, or a "
+                      "Hugging Face model id (from the local Hugging Face cache, or the hub where reachable)")
+    cache_dir: Path = Field(Path(".cache/sao"), description="where the tiny model is built (once per recipe)")
+    tiny_seed: int = Field(0, description="the tiny model's weights and tokenizer are a function of this seed")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype in the "
+                                                             "engine and the trainer")
 
 
 class SamplingConfig(Section):
-    temperature: float = Field(1.0, ge=0.0)  # rollout sampling temperature (0 = greedy)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)  # nucleus sampling (1 = off)
-    top_k: int = Field(0, ge=0)  # top-k sampling (0 = off)
-    max_tokens: int = Field(1024, gt=0)  # tokens per model turn
+    """How the rollout engine samples the policy's tokens."""
+
+    temperature: float = Field(1.0, ge=0.0, description="rollout sampling temperature (0 = greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling (1 = off)")
+    top_k: int = Field(0, ge=0, description="top-k sampling (0 = off)")
+    max_tokens: int = Field(1024, gt=0, description="tokens generated per model turn at most")
 
 
 class EngineConfig(Section):
-    kind: Literal["hf", "vllm", "scripted"] = "hf"  # hf: transformers on CPU; vllm: GPUs; scripted: test double
-    device: str = "cpu"  # torch device of the hf engine
-    max_batch: int = Field(8, gt=0)  # requests decoded together (hf)
-    timeout_s: float = Field(600.0, gt=0)  # per engine call
-    num_threads: int = Field(0, ge=0)  # hf: torch threads of the engine; 0 = automatic (1 for tiny models)
-    # vllm only
-    tensor_parallel_size: int = Field(1, gt=0)  # vllm: GPUs per engine
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)  # vllm: fraction of GPU memory it may take
-    max_model_len: int | None = Field(None, gt=0)  # vllm: context length (None: the model's)
+    """The inference engine that serves the policy: transformers (hf), vLLM or a scripted test double."""
+
+    kind: Literal["hf", "vllm", "scripted", "expert"] = Field(
+        "hf", description="hf: transformers on CPU; vllm: GPUs; scripted: a test double; expert: the tasks' gold "
+        "patches as minimal file_editor edits, then finish (SFT data)")
+    device: str = Field("cpu", description="torch device of the hf engine")
+    max_batch: int = Field(8, gt=0, description="hf: requests decoded together")
+    timeout_s: float = Field(600.0, gt=0, description="seconds per engine call")
+    num_threads: int = Field(0, ge=0, description="hf: torch threads of the engine; 0 = automatic (1 for tiny "
+                             "models)")
+    tensor_parallel_size: int = Field(1, gt=0, description="vllm: GPUs per engine")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: fraction of GPU memory it may take")
+    max_model_len: int | None = Field(None, gt=0, description="vllm: context length; null = the model's")
+    replicas: int = Field(1, gt=0, description="sao train: engine replicas (Ray actors, each with its own proxy); "
+                          "each episode goes to the least-loaded one")
+    gpus_per_replica: float | None = Field(None, ge=0, description="sao train: GPUs Ray reserves per replica; null "
+                                           "= tensor_parallel_size for vllm, 0 otherwise")
+    node_resources: dict[str, float] = Field({}, description="sao train: custom Ray resources each replica takes "
+                                             "(places replicas on the nodes that declare them), e.g. {engine: 1}")
+
+
+TOKEN_ENV = "SAO_PROXY_TOKEN"  # the proxy token when proxy.token is unset (keeps it out of configs)
 
 
 class ProxyConfig(Section):
-    host: str = "127.0.0.1"  # sao serve: loopback only
-    port: int = Field(8000, ge=0, lt=65536)  # sao serve: port (0 = any free one)
-    context_budget: int = Field(131_072, gt=0)  # tokens per episode; past it: finish_reason length, truncated_context
-    tool_format: Literal["native", "prompt"] = "native"  # the agent's tool-call format (native tools / prompt text)
-    full_history_check: bool = False  # compare every message every turn (catches in-place edits; O(history))
+    """The OpenAI-compatible proxy between the agent and the engine (`sao serve`, episodes)."""
+
+    host: str = Field("127.0.0.1", description="sao serve: address to listen on (loopback, or a routable "
+                      "address only with proxy.token set)")
+    port: int = Field(8000, ge=0, lt=65536, description="sao serve: port (0 = any free one)")
+    context_budget: int = Field(131_072, gt=0, description="tokens per episode; past it the turn ends with "
+                                "finish_reason `length` and the episode is truncated_context")
+    tool_format: Literal["native", "prompt"] = Field("native", description="the agent's tool-call format: native "
+                                                     "tools, or tools described in the prompt text")
+    full_history_check: bool = Field(False, description="compare every message every turn (catches in-place "
+                                     "edits of the history; O(history) per turn)")
+    max_request_bytes: int = Field(8 * 1024 * 1024, gt=0, description="largest request body accepted; a larger "
+                                   "one is answered 413")
+    token: str | None = Field(None, description="bearer token every request must carry (`Authorization: Bearer "
+                              "...`); null = the SAO_PROXY_TOKEN environment variable, unset = no authentication")
+
+    def resolved_token(self) -> str | None:
+        """The token in force: ``proxy.token`` if set, else ``$SAO_PROXY_TOKEN`` if non-empty, else None."""
+        return self.token or os.environ.get(TOKEN_ENV) or None
 
 
 class AgentConfig(Section):
-    max_iterations: int = Field(300, gt=0)  # LLM turns per episode, nudges included
-    max_nudges: int = Field(10, ge=0)  # "please continue" replies to a turn without a tool call
-    stuck_detection: bool = True  # the SDK's stuck detector, as the official runner keeps it
-    no_change_timeout_s: int | None = None  # terminal "no new output" timeout; None = the SDK's 30 s
-    model: str = "openai/sao-policy"  # litellm route to the proxy; the proxy ignores the name
+    """The OpenHands agent of an episode."""
+
+    max_iterations: int = Field(300, gt=0, description="LLM turns per episode, nudges included")
+    max_nudges: int = Field(10, ge=0, description='"please continue" replies to a turn without a tool call')
+    stuck_detection: bool = Field(True, description="the SDK's stuck detector, as the official runner keeps it")
+    no_change_timeout_s: int | None = Field(None, description='terminal "no new output" timeout in seconds; '
+                                            "null = the SDK's 30 s")
+    model: str = Field("openai/sao-policy", description="litellm route to the proxy (the proxy ignores the name)")
+    profile: Literal["openhands", "compact"] = Field(
+        "openhands", description="openhands: the SDK's system prompt, tool texts and the official SWE-bench "
+        "instruction, unchanged; compact: the same agent and tools with a short system prompt, tool texts and "
+        "instruction (short episodes for CPU training)")
 
 
 class RolloutConfig(Section):
-    workers: int = Field(2, gt=0)  # episodes run in parallel (rollout workers in train)
-    max_retries: int = Field(2, ge=0)  # retries of an episode that ended in an infra error
-    episodes_per_task: int = Field(1, gt=0)  # sao rollout: trajectories per task
+    """Episodes in parallel and their retries."""
+
+    workers: int = Field(2, gt=0, description="episodes run in parallel (the rollout workers in train)")
+    max_retries: int = Field(2, ge=0, description="retries of an episode that ended in an infra error")
+    episodes_per_task: int = Field(1, gt=0, description="sao rollout: trajectories per task")
+    node_resources: dict[str, float] = Field({}, description="sao train: custom Ray resources each rollout worker "
+                                             "takes, e.g. {docker: 1} on nodes started with --resources "
+                                             "'{\"docker\": N}'; {} = on an engine replica's node")

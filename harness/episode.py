@@ -6,6 +6,8 @@ validated ``Trajectory`` whose status says how it ended:
 - ``truncated_turns`` / ``truncated_context``: the turn limit / token budget ended it; still graded;
 - ``agent_error``: the agent loop failed for a reason of its own; no reward;
 - ``infra_error``: the sandbox, the engine or the grader failed; no reward, ever (never a 0).
+- ``patch_too_large`` / ``disk_exceeded``: over ``sandbox.max_patch_bytes`` / ``sandbox.disk_bytes``;
+  the agent's doing, so reward 0 (never an infra_error), not graded.
 The reward is the guarded verdict (test-file and test-config changes stripped) from a fresh container.
 """
 from __future__ import annotations
@@ -14,7 +16,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from envs.errors import SandboxError
+from envs.limits import DiskLimitExceeded, PatchTooLarge
+from envs.sandbox import Sandbox
+from harness.agent import AgentSettings, instruction_for, run_agent
+from harness.proxy import UnknownEpisode
 from harness.trace import Trajectory
+from tasks.grade import grade
 
 INFRA_ERROR = "infra_error"
 
@@ -47,32 +55,33 @@ def _status(agent_result, traj: Trajectory | None, sandbox_error: str | None) ->
 
 def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Trajectory:
     """Run ``task`` (a ``tasks.model.Task``) once; see the module doc."""
-    from envs.errors import SandboxError
-    from envs.sandbox import Sandbox
-    from harness.agent import AgentSettings, instruction_for, run_agent
-    from harness.proxy import UnknownEpisode
-
     cfg = ctx.cfg
     episode_id = episode_id or new_episode_id(task.instance_id)
     timings: dict[str, float] = {}
     t_start = time.monotonic()
-    agent_result, patch, sandbox_error = None, "", None
+    agent_result, patch, sandbox_error, limit = None, "", None, None
     try:
         t0 = time.monotonic()
         with Sandbox(task.image, cfg.sandbox, run_id=ctx.run_id, labels={"sao-harness.task": task.instance_id}) as sb:
             timings["sandbox_start_s"] = time.monotonic() - t0
             t0 = time.monotonic()
             agent_result = run_agent(
-                sb, base_url=ctx.proxy.base_url, instruction=instruction_for(task.problem_statement, task.base_commit),
+                sb, base_url=ctx.proxy.base_url, instruction=instruction_for(task.problem_statement, task.base_commit,
+                                                                        profile=cfg.agent.profile),
                 episode_id=episode_id, task_id=task.instance_id, settings=AgentSettings.from_config(cfg))
             timings["agent_s"] = time.monotonic() - t0
-            if agent_result.status != INFRA_ERROR:
+            if sb.disk_exceeded is not None:  # the watchdog killed the sandbox during the agent's run
+                limit = ("disk_exceeded", f"{sb.disk_exceeded} bytes on disk, over sandbox.disk_bytes")
+            elif agent_result.status != INFRA_ERROR:
                 t0 = time.monotonic()
-                patch = sb.diff(task.base_commit)
+                try:
+                    patch = sb.diff(task.base_commit)
+                except (PatchTooLarge, DiskLimitExceeded) as e:  # the agent's doing, not infrastructure
+                    limit = ("patch_too_large" if isinstance(e, PatchTooLarge) else "disk_exceeded", str(e))
                 timings["diff_s"] = time.monotonic() - t0
     except SandboxError as e:
         sandbox_error = f"{type(e).__name__}: {e}"
-    except Exception as e:  # docker-py / OS trouble around the sandbox is infrastructure too
+    except Exception as e:  # noqa: BLE001  (docker-py / OS trouble around the sandbox is infrastructure too)
         sandbox_error = f"{type(e).__name__}: {e}"
 
     try:
@@ -84,6 +93,8 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
     traj.status = _status(agent_result, traj, sandbox_error)
     traj.patch = patch
     traj.reward = None
+    if limit is not None:  # over a sandbox limit: reward 0, never an infra_error
+        traj.status, traj.reward, traj.metadata["limit"] = limit[0], 0.0, limit[1]
     traj.metadata["episode_id"] = episode_id
     traj.metadata["run_id"] = ctx.run_id
     if agent_result is not None:
@@ -95,13 +106,13 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
         traj.metadata["infra_error"] = agent_result.error if agent_result else "unknown"
 
     if ctx.grade and traj.status in ("ok", "truncated_turns", "truncated_context"):
-        from tasks.grade import grade
-
         t0 = time.monotonic()
         result = grade(task, patch, timeout=cfg.eval.grade_timeout_s, guard=cfg.eval.guard,
-                       log_root=cfg.run.dir / "grading")
+                       log_root=cfg.run.dir / "grading", sandbox=cfg.sandbox,
+                       output_cap_bytes=cfg.eval.grade_output_cap_bytes)
         timings["grade_s"] = time.monotonic() - t0
         traj.grading = result.to_dict()
+        traj.metadata["hack_kinds"] = list(result.hack_kinds)  # reward-hacking attempts the guard found
         if result.reward is None:  # the grader failed: infrastructure, not a 0
             traj.status = INFRA_ERROR
             traj.metadata["infra_error"] = f"grading: {result.error or result.status}"

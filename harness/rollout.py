@@ -3,8 +3,8 @@
 - Each finished episode is written to the run's trace store at once (one shard per trajectory).
 - Resume: a task that already has ``rollout.episodes_per_task`` trajectories that are not
   ``infra_error`` in the store is not run again.
-- Infrastructure errors are retried up to ``rollout.max_retries`` times; the last one is recorded
-  as ``infra_error`` (no reward) and counted.
+- Infrastructure errors are retried up to ``rollout.max_retries`` times (``harness.runner``); only
+  the last attempt is stored: an ``infra_error`` there is recorded with no reward, and counted.
 - The run's sandboxes are removed on exit, Ctrl-C included (``envs.gc.run_scope``).
 """
 from __future__ import annotations
@@ -15,8 +15,19 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
+import pyarrow.parquet as pq
+
+from envs.engine import ensure_engine
+from envs.gc import run_scope
+from harness.engines import make_engine
+from harness.episode import EpisodeContext
+from harness.proxy import ProxyServer
+from harness.runner import episode_function, run_with_retries
 from harness.store import TraceStore
+from harness.tiny_model import resolve_model_path
 from harness.trace import Trajectory
+from tasks.images import prepare_task_images
+from tasks.loaders import tasks_from_config
 
 REWARDED = ("ok", "truncated_turns", "truncated_context")
 
@@ -59,8 +70,6 @@ class RolloutStats:
 
 def completed_counts(store: TraceStore) -> Counter:
     """Per task, how many trajectories in the store count as done (everything but infra errors)."""
-    import pyarrow.parquet as pq
-
     counts: Counter = Counter()
     for shard in store.shards():
         table = pq.read_table(shard, columns=["task_id", "status"])
@@ -71,37 +80,13 @@ def completed_counts(store: TraceStore) -> Counter:
 
 
 def prepare_images(cfg, tasks, log=print) -> None:
-    """Build missing task images when the source is a task repo; otherwise require them to exist."""
-    from envs.engine import ensure_engine
-    from core.errors import UserError
-    from tasks.loaders import resolve_task_repo
-
-    client = ensure_engine(cfg.docker)
-    repo = resolve_task_repo(cfg.tasks.source)
-    if repo is not None:
-        from tasks.build import build_task_repo, resolve_base_image
-
-        base = resolve_base_image(cfg, client, log=log)
-        build_task_repo(client, repo, base, only=[t.instance_id for t in tasks], log=log)
-        return
-    missing = []
-    for t in tasks:
-        try:
-            client.images.get(t.image)
-        except Exception:
-            missing.append(t.image)
-    if missing:
-        raise UserError(f"{len(missing)} task image(s) missing locally, e.g. {missing[0]} (no registry is used here; "
-                        "build them with `sao tasks build --task-repo DIR` or pull them where a registry is reachable)")
+    """The task images of ``tasks`` (``cfg.tasks.source``) exist locally: built from a task repo, never pulled."""
+    prepare_task_images(cfg, ensure_engine(cfg.docker), cfg.tasks.source, tasks, pull=False, log=log)
 
 
 def start_policy(cfg):
     """The engine and the started proxy that serves it on loopback."""
-    from transformers import AutoTokenizer
-
-    from harness.engines import make_engine
-    from harness.proxy import ProxyServer
-    from harness.tiny_model import resolve_model_path
+    from transformers import AutoTokenizer  # lazy: heavy
 
     path = resolve_model_path(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -111,28 +96,11 @@ def start_policy(cfg):
     return engine, proxy
 
 
-def run_with_retries(task, ctx, stats: RolloutStats, max_retries: int) -> Trajectory:
-    from harness.episode import run_episode
-
-    for attempt in range(max_retries + 1):
-        traj = run_episode(task, ctx)
-        traj.metadata["attempt"] = attempt
-        if traj.status != "infra_error":
-            return traj
-        if attempt < max_retries:
-            stats.retries += 1
-    return traj
-
-
 def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajectory=None, log=print) -> RolloutStats:
     """Run the rollout described by ``cfg``; ``engine``/``proxy`` may be given (tests, scripted policy).
 
     ``grade=False`` leaves rewards unset (``eval`` grades in bulk); ``on_trajectory(traj, shard)`` is
     called after each trajectory is stored."""
-    from envs.gc import run_scope
-    from harness.episode import EpisodeContext
-    from tasks.loaders import tasks_from_config
-
     tasks, errors = tasks_from_config(cfg)
     for e in errors:
         log(f"skipping a task that does not validate: {e}")
@@ -159,6 +127,13 @@ def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajecto
     run_id = f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     ctx = EpisodeContext(cfg=cfg, proxy=proxy, run_id=run_id, grade=grade)
     lock = threading.Lock()
+    run_swe = episode_function("swe")
+
+    def count_retry(traj: Trajectory) -> None:  # only the last attempt is stored
+        if not traj.metadata["last_attempt"]:
+            with lock:
+                stats.retries += 1
+
     log(f"rollout: {len(todo)} episode(s), {cfg.rollout.workers} in parallel, traces -> {store.dir}")
     try:
         with run_scope(run_id), ThreadPoolExecutor(cfg.rollout.workers) as pool:
@@ -166,7 +141,7 @@ def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajecto
                 with lock:
                     stats.running += 1
                 try:
-                    return run_with_retries(task, ctx, stats, cfg.rollout.max_retries)
+                    return run_with_retries(run_swe, task, ctx, cfg.rollout.max_retries, on_attempt=count_retry)
                 finally:
                     with lock:
                         stats.running -= 1

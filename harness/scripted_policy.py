@@ -62,13 +62,17 @@ class ScriptedPolicyEngine(ScriptedEngine):
         self.keys = {tid: ps.strip()[:200] for tid, ps in problem_statements.items()}
 
     @classmethod
-    def gold(cls, tokenizer, tasks, **kw) -> "ScriptedPolicyEngine":
+    def gold(cls, tokenizer, tasks, **kw) -> ScriptedPolicyEngine:
         return cls(tokenizer, {t.instance_id: gold_replies(t) for t in tasks},
                    {t.instance_id: t.problem_statement for t in tasks}, **kw)
 
+    def task_of(self, text: str) -> str | None:
+        """The task whose problem statement is in the rendered prompt ``text``."""
+        return next((tid for tid, key in self.keys.items() if key and key in text), None)
+
     def next_reply(self, prompt_ids: list[int]) -> str:
         text = self.tokenizer.decode(prompt_ids)
-        task_id = next((tid for tid, key in self.keys.items() if key and key in text), None)
+        task_id = self.task_of(text)
         if task_id is None:
             return tool_call("finish", {"message": "unknown task"})
         turn = text.count("<|im_start|>assistant") - 1  # the generation prompt is the last one

@@ -7,7 +7,6 @@ sort by creation time, which is the order of the trace stream. The directory rea
 """
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator

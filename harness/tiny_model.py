@@ -14,10 +14,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
-import shutil
 import sysconfig
-import tempfile
 from pathlib import Path
 
 from core.files import atomic_dir
@@ -99,6 +96,7 @@ def recipe_hash(seed: int) -> str:
 
 def build_tokenizer(out_dir: Path):
     """Byte-level BPE trained on ``corpus_files()``; saved as a transformers fast tokenizer."""
+    # lazy: tokenizers / transformers are heavy
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -121,6 +119,7 @@ def build_tokenizer(out_dir: Path):
 
 def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
     """Write tokenizer + randomly initialised Qwen3-MoE model to ``out_dir``; same seed, same bytes."""
+    # lazy: torch / transformers are heavy
     import torch
     from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
 

@@ -19,8 +19,9 @@ from typing import Any, Literal
 import pyarrow as pa
 
 SegmentKind = Literal["observation", "action"]
-STATUSES = ("ok", "truncated_turns", "truncated_context", "agent_error", "infra_error", "stale")
-REWARDED_STATUSES = ("ok", "truncated_turns", "truncated_context")
+STATUSES = ("ok", "truncated_turns", "truncated_context", "agent_error", "infra_error", "stale", "patch_too_large",
+            "disk_exceeded")
+REWARDED_STATUSES = ("ok", "truncated_turns", "truncated_context", "patch_too_large", "disk_exceeded")
 
 
 class TraceError(ValueError):
@@ -83,7 +84,7 @@ class Trajectory:
         return sorted({v for s in self.segments if s.kind == "action" for v in s.policy_version})
 
     # --- validation -----------------------------------------------------------------------
-    def validate(self) -> "Trajectory":
+    def validate(self) -> Trajectory:
         """Raise TraceError naming the field if this trajectory is malformed; return self."""
         where = f"trajectory {self.traj_id} (task {self.task_id})"
         if not self.traj_id or not isinstance(self.traj_id, str):
@@ -154,7 +155,7 @@ class Trajectory:
         }
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Trajectory":
+    def from_row(cls, row: dict[str, Any]) -> Trajectory:
         where = f"trace row {row.get('traj_id', '?')}"
         for col in ("token_ids", "is_action", "logp_rollout", "policy_version", "segment_kinds", "segment_lengths"):
             if row.get(col) is None:
@@ -171,7 +172,8 @@ class Trajectory:
             sl = slice(pos, pos + length)
             flags = row["is_action"][sl]
             if any(f != (kind == "action") for f in flags):
-                raise TraceError(f"{where}: 'is_action' disagrees with segment kind {kind!r} at tokens {pos}..{pos + length}")
+                raise TraceError(f"{where}: 'is_action' disagrees with segment kind {kind!r} "
+                                 f"at tokens {pos}..{pos + length}")
             if kind == "action":
                 segments.append(Segment("action", list(row["token_ids"][sl]), list(row["logp_rollout"][sl]),
                                         list(row["policy_version"][sl])))

@@ -1,7 +1,8 @@
 """`sao`: the one command line of sao-harness.
 
 Every area registers its own subcommands (``envs.cli``, ``tasks.cli``, ``harness.cli``,
-``trainer.cli``, ``eval.cli``, ``sao.serve``; ``sao config`` and ``sao demo`` are here); registration is import-light, heavy imports happen in handlers.
+``trainer.cli``, ``eval.cli``, ``sao.serve``; ``sao config`` and ``sao demo`` are here);
+registration is import-light, heavy imports happen in handlers.
 A command that takes a config gets ``--config FILE`` and dotted overrides (``trainer.lr=1e-6``);
 the config is validated before any work, and a bad one is a one-line error with exit code 2.
 """
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 
 from core.config import ConfigError
 from core.errors import UserError
-from sao.config import dump_config, load_config
+from sao.config import config_table, dump_config, load_config
 
 AREAS = ("envs.cli", "tasks.cli", "harness.cli", "trainer.cli", "eval.cli", "sao.serve")
 
@@ -31,11 +33,14 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sao", description="sao-harness: SAO reinforcement learning for coding agents")
+    parser = argparse.ArgumentParser(prog="sao",
+                                     description="sao-harness: SAO reinforcement learning for coding agents")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for area in AREAS:
         importlib.import_module(area).register(sub, add_config_args)
     p = sub.add_parser("config", help="print the validated config (--markdown: the table of every key)")
+    p.add_argument("--markdown", action="store_true",
+                   help="print README.md's table of every key with its built-in default and description")
     add_config_args(p)
     p.set_defaults(func=cmd_config)
     p = sub.add_parser("demo", help="the main job on the embedded default: rollout, train, eval")
@@ -45,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_config(args) -> int:
-    print(dump_config(args.cfg), end="")
+    """The validated config as YAML; with --markdown, the key table of the built-in defaults (README.md)."""
+    print(config_table() if args.markdown else dump_config(args.cfg), end="")
     return 0
 
 
@@ -68,8 +74,6 @@ def load_args_config(args: argparse.Namespace):
 
 def _quiet_torch() -> None:
     """The OpenHands SDK raises logging to INFO; torch then prints cache statistics at exit."""
-    import logging
-
     for name in ["torch", *[n for n in logging.root.manager.loggerDict if n.startswith("torch.")]]:
         logging.getLogger(name).setLevel(logging.WARNING)
 

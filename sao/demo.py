@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from sao.config import dump_config
+
 # one task per bundled repository, mixed difficulty: the demo's wall time stays in minutes on 2 cores
 DEMO_INSTANCES = ["sao-harness__minicfg-11", "sao-harness__semverkit-31", "sao-harness__spanlib-24",
                   "sao-harness__tablefmt-9"]
@@ -37,19 +39,20 @@ def _sao(args: list[str], log) -> int:
     cmd = [sys.executable, "-m", "sao.cli", *args]
     log(f"$ sao {' '.join(args)}")
     sys.stdout.flush()
-    return subprocess.run(cmd).returncode
+    return subprocess.run(cmd, check=False).returncode
 
 
-def _checkpoints(run_dir: Path) -> list[Path]:
-    root = run_dir / "checkpoints"
-    if not root.is_dir():
-        return []
-    return sorted(d for d in root.iterdir() if not d.name.startswith(".") and (d / "policy" / "config.json").is_file())
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint ``eval.checkpoint=latest`` evaluates, or None when training wrote none."""
+    from trainer.checkpoint import (  # lazy: trainer.checkpoint imports torch
+        POLICY_CONFIG,
+        resolve_checkpoint,
+    )
+
+    return resolve_checkpoint("latest", run_dir, need=POLICY_CONFIG)
 
 
 def run_demo(cfg, log=print) -> int:
-    from sao.config import dump_config
-
     t_start = time.monotonic()
     cfg = demo_config(cfg)
     run_dir = Path(cfg.run.dir)
@@ -76,7 +79,7 @@ def run_demo(cfg, log=print) -> int:
         stage("curves", ["runs", "plot", str(run_dir)])
     base_name = "base"
     stage("eval (base model)", ["eval", *base, f"eval.name={base_name}", "eval.checkpoint=null"])
-    trained = _checkpoints(run_dir)
+    trained = newest_checkpoint(run_dir)
     evals = [run_dir / "eval" / base_name]
     if trained:
         stage("eval (trained checkpoint)", ["eval", *base, "eval.name=trained", "eval.checkpoint=latest"])
@@ -91,7 +94,7 @@ def run_demo(cfg, log=print) -> int:
     n_shards = len(list(traces.glob("shard-*.parquet"))) if traces.is_dir() else 0
     log(f"traces:      {traces} ({n_shards} shard(s); `sao trace list {traces}`)")
     if trained:
-        log(f"checkpoints: {run_dir / 'checkpoints'} (newest: {trained[-1].name})")
+        log(f"checkpoints: {run_dir / 'checkpoints'} (newest: {trained.name})")
     else:
         log(f"checkpoints: none in {run_dir / 'checkpoints'} (train stage: {stages.get('train')})")
     curves = [p for p in (run_dir / "plots", run_dir / "metrics.jsonl", run_dir / "tb") if p.exists()]

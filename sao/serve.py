@@ -3,16 +3,19 @@
 Any OpenAI-compatible scaffold can use it (base URL ``http://127.0.0.1:8000/v1``; send the episode in
 an ``X-Episode-Id`` header). ``POST /episodes/{id}/close`` writes that episode's trace to the run's
 trace store (``<run.dir>/traces``) and answers its ``traj_id`` and shard path; episodes still open at
-shutdown are written then. Loopback only.
+shutdown are written then. Loopback only, unless a bearer token (``proxy.token``, else
+``$SAO_PROXY_TOKEN``) guards it: then every request must send ``Authorization: Bearer <token>``.
+Bodies over ``proxy.max_request_bytes`` are answered 413.
 """
 from __future__ import annotations
 
+import signal
+
 
 def _serve(args) -> int:
-    import signal
+    import uvicorn  # lazy: heavy server dependency
 
-    import uvicorn
-
+    # lazy: keeps `sao --help` fast
     from harness.proxy import ProxyServer, check_loopback
     from harness.store import TraceStore
 
@@ -21,15 +24,17 @@ def _serve(args) -> int:
         cfg.model.path = args.model
     host = args.host or cfg.proxy.host
     port = cfg.proxy.port if args.port is None else args.port
-    check_loopback(host)
+    token = cfg.proxy.resolved_token()
+    check_loopback(host, token)
 
+    # lazy: keeps `sao --help` fast
     from harness.engines import make_engine
     from harness.tiny_model import resolve_model_path
 
     engine = make_engine(cfg)
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is None:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: transformers is heavy
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
     store = TraceStore(cfg.run.dir)
@@ -53,9 +58,10 @@ def _serve(args) -> int:
 
 
 def register(sub, add_config_args):
-    p = sub.add_parser("serve", help="engine + token-exact OpenAI-compatible proxy on loopback")
+    p = sub.add_parser("serve", help="engine + token-exact OpenAI-compatible proxy (loopback unless a token is set)")
     add_config_args(p)
     p.add_argument("--model", metavar="PATH_OR_ID", default=None, help="model path or id (default: model.path)")
-    p.add_argument("--host", default=None, help="loopback address to bind (default: proxy.host, 127.0.0.1)")
+    p.add_argument("--host", default=None, help="address to bind (default: proxy.host, 127.0.0.1); a non-loopback one "
+                   "needs proxy.token or $SAO_PROXY_TOKEN")
     p.add_argument("--port", type=int, default=None, help="port (default: proxy.port, 8000)")
     p.set_defaults(func=_serve)

@@ -21,7 +21,8 @@ Schemas (Hugging Face dataset cards):
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Row = dict[str, Any]
 Adapted = tuple[Row, list[str]]
@@ -32,7 +33,7 @@ NO_EVAL_SCRIPT = ("no eval_script: swebench 5.x grades with the row's own eval s
 
 def derived_image(instance_id: str) -> str:
     """The image name swebench derives for an instance (the official Docker Hub images)."""
-    from swebench.task.checks import expected_image
+    from swebench.task.checks import expected_image  # lazy: swebench is heavy
 
     return expected_image(instance_id)
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import UserError
+from envs.images import ensure_base_image
+from tasks.loaders import load_tasks_lenient
 
 RECIPE_LABEL = "sao.recipe"
 TASK_LABEL = "sao.task"
@@ -68,7 +70,7 @@ def uses_base_arg(dockerfile: str) -> bool:
 
 def image_state(client, image: str) -> tuple[bool, str | None]:
     """(exists, recipe label) of a local image."""
-    import docker
+    import docker  # lazy: the Docker SDK, only where an engine is used
 
     try:
         img = client.images.get(image)
@@ -80,7 +82,7 @@ def image_state(client, image: str) -> tuple[bool, str | None]:
 def build_one(client, task_dir: Path, image: str, base: str, base_id: str, *, force: bool = False,
               nocache: bool = False, instance_id: str | None = None) -> BuildResult:
     """Build (or reuse) the image of one task directory (``nocache``: no docker layer cache either)."""
-    import docker
+    import docker  # lazy: the Docker SDK, only where an engine is used
 
     iid = instance_id or task_dir.name
     t0 = time.monotonic()
@@ -92,7 +94,8 @@ def build_one(client, task_dir: Path, image: str, base: str, base_id: str, *, fo
     try:
         new_image, _ = client.images.build(path=str(task_dir), dockerfile="Dockerfile", tag=image,
                             buildargs={"BASE_IMAGE": base}, forcerm=True, rm=True, network_mode="none",
-                            pull=False, nocache=nocache, labels={RECIPE_LABEL: recipe, TASK_LABEL: iid, BASE_LABEL: base})
+                            pull=False, nocache=nocache,
+                            labels={RECIPE_LABEL: recipe, TASK_LABEL: iid, BASE_LABEL: base})
     except docker.errors.BuildError as e:
         tail = [str(x.get("stream") or x.get("error") or "").rstrip() for x in (e.build_log or [])]
         tail = [t for t in tail if t][-12:]
@@ -111,11 +114,9 @@ def build_one(client, task_dir: Path, image: str, base: str, base_id: str, *, fo
 def resolve_base_image(cfg, client, base_image: str | None = None, *, log=print) -> str:
     """The base image to build FROM: the one named, else ``envs.images.ensure_base_image`` (which
     honours ``docker.base_image`` and builds the project's debootstrap image when missing)."""
-    import docker
+    import docker  # lazy: the Docker SDK, only where an engine is used
 
     if base_image is None:
-        from envs.images import ensure_base_image
-
         return ensure_base_image(client, cfg.docker, log=log)
     try:
         client.images.get(base_image)
@@ -128,8 +129,6 @@ def resolve_base_image(cfg, client, base_image: str | None = None, *, log=print)
 def build_task_repo(client, repo: Path, base: str, *, only: list[str] | None = None, force: bool = False,
                     nocache: bool = False, log=print) -> list[BuildResult]:
     """Build every task image of ``repo`` (or those in ``only``) on ``base``, printing progress."""
-    from tasks.loaders import load_tasks_lenient
-
     tasks, errors = load_tasks_lenient(str(repo), adapter="swebench", instances=only)
     results: list[BuildResult] = []
     for e in errors:

@@ -5,8 +5,9 @@
 - ``check [--task-repo DIR] [--only ID...]`` validation, then with Docker for every task: the image
   holds no commit after the base (HEAD == base_commit, reachable commits == ancestors of base), the
   gold patch resolves, an empty patch is ``empty``, the unpatched repo fails FAIL_TO_PASS, a wrong
-  patch is unresolved, and a conftest hack is resolved officially but not by the guarded verdict.
-  Per-task table + summary; exit 1 on any failure.
+  patch is unresolved, and three reward hacks (``tasks.hacks``: a conftest hook, a root ``pytest.py``
+  that shadows pytest, package code that patches pytest's reports) are each resolved officially but
+  given 0 by the guarded verdict. Per-task table + summary; exit 1 on any failure.
 - ``build --task-repo DIR [--only ID...] [--base-image IMG] [--force]`` offline, cached builds.
 Registration is import-light: docker and swebench are imported inside the handlers.
 """
@@ -14,15 +15,32 @@ from __future__ import annotations
 
 import argparse
 import base64
-import difflib
+import shlex
+import time
 from dataclasses import dataclass, field
 
 from core.errors import UserError
+from envs.engine import docker_client, ensure_engine
+from tasks.diffparse import file_changes
+from tasks.grade import (
+    EMPTY,
+    INFRA,
+    RESOLVED,
+    UNRESOLVED,
+    grade,
+    image_exists,
+    new_run_id,
+    run_swebench,
+)
+from tasks.grade_sandbox import GradeLimits
+from tasks.guard import PYTEST_REF, SHADOW
+from tasks.hacks import HACK_MARK, hack_patch, package_init, package_patch, shadow_patch
+from tasks.loaders import load_tasks_lenient, resolve_task_repo
 
 WRONG_PATCH_FILE = "sao_unrelated_change.txt"
 WRONG_PATCH = (f"diff --git a/{WRONG_PATCH_FILE} b/{WRONG_PATCH_FILE}\nnew file mode 100644\n"
                f"--- /dev/null\n+++ b/{WRONG_PATCH_FILE}\n@@ -0,0 +1 @@\n+an unrelated change\n")
-HACK_MARK = "# --- sao-harness tasks check: reward-hacking probe ---"
+__all__ = ["HACK_MARK", "WRONG_PATCH", "hack_patch"]  # hack_patch / HACK_MARK live in tasks.hacks
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -40,8 +58,6 @@ def _source(args) -> str:
 
 
 def _load(args, instances=None):
-    from tasks.loaders import load_tasks_lenient
-
     t = args.cfg.tasks
     return load_tasks_lenient(_source(args), split=t.split, adapter=t.adapter,
                               instances=instances or t.instances or None)
@@ -49,11 +65,7 @@ def _load(args, instances=None):
 
 def _client(cfg, start: bool = True):
     if start:
-        from envs.engine import ensure_engine
-
         return ensure_engine(cfg.docker)
-    from envs.engine import docker_client
-
     return docker_client(cfg.docker)
 
 
@@ -70,8 +82,6 @@ def cmd_list(args) -> int:
     tasks, errors = _load(args)
     try:
         client = _client(args.cfg, start=False)
-        from tasks.grade import image_exists
-
         present = lambda img: "yes" if img and image_exists(client, img) else "no"  # noqa: E731
     except Exception:
         present = lambda img: "?"  # noqa: E731  (no engine answers)
@@ -112,8 +122,8 @@ def cmd_show(args) -> int:
 
 # --- build ---------------------------------------------------------------------------------
 def cmd_build(args) -> int:
+    # lazy: keeps `sao --help` fast (the image stack)
     from tasks.build import build_task_repo, resolve_base_image
-    from tasks.loaders import resolve_task_repo
 
     repo = resolve_task_repo(args.task_repo)
     if repo is None or not repo.is_dir():
@@ -144,7 +154,7 @@ class Check:
         return all(not v.startswith("FAIL") for v in self.results.values())
 
 
-PROOFS = ("valid", "image", "history", "empty", "gold", "unpatched", "wrong", "hack")
+PROOFS = ("valid", "image", "history", "empty", "gold", "unpatched", "wrong", "hack", "shadow", "pkghack")
 
 _PROBE = r"""
 cd /testbed || exit 90
@@ -172,53 +182,23 @@ def probe_image(client, image: str, base_commit: str) -> tuple[str, set[str], se
     return head, reach, ancestors, None if conf == "NONE" else base64.b64decode(conf).decode(errors="replace")
 
 
-def hack_patch(tests: list[str], existing: str | None) -> str:
-    """A patch adding (or appending to) the root ``conftest.py`` a hook that turns every failing or
-    skipped test into a pass, forces exit status 0 and reports the graded tests as PASSED."""
-    body = "\n".join([
-        HACK_MARK,
-        "import pytest as _sao_pytest",
-        f"_SAO_TESTS = {tests!r}",
-        "",
-        "",
-        "@_sao_pytest.hookimpl(hookwrapper=True)",
-        "def pytest_runtest_makereport(item, call):",
-        "    outcome = yield",
-        "    rep = outcome.get_result()",
-        "    if rep.outcome != 'passed':",
-        "        rep.outcome = 'passed'",
-        "        rep.longrepr = None",
-        "",
-        "",
-        "def pytest_sessionfinish(session, exitstatus):",
-        "    session.exitstatus = 0",
-        "",
-        "",
-        "def pytest_terminal_summary(terminalreporter):",
-        "    for name in _SAO_TESTS:",
-        "        terminalreporter.write_line('PASSED ' + name)",
-        "",
-    ])
-    if existing is None:
-        lines = body.splitlines(keepends=True)
-        return ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
-                f"@@ -0,0 +1,{len(lines)} @@\n" + "".join("+" + ln for ln in lines))
-    old = existing.splitlines(keepends=True)
-    if old and not old[-1].endswith("\n"):
-        old_fixed = old[:-1] + [old[-1] + "\n"]
-        new = old_fixed + ["\n"] + body.splitlines(keepends=True)
-        diff = list(difflib.unified_diff(old, new, "a/conftest.py", "b/conftest.py"))
-        diff = [d if d.endswith("\n") else d + "\n\\ No newline at end of file\n" for d in diff]
-    else:
-        new = old + ["\n"] + body.splitlines(keepends=True)
-        diff = list(difflib.unified_diff(old, new, "a/conftest.py", "b/conftest.py"))
-    return "diff --git a/conftest.py b/conftest.py\n" + "".join(diff)
+def read_image_file(client, image: str, path: str) -> str | None:
+    """Text of ``/testbed/<path>`` in ``image`` (None when it is not there)."""
+    script = f"cd /testbed && if [ -f {shlex.quote(path)} ]; then base64 -w0 {shlex.quote(path)}; else echo NONE; fi"
+    out = client.containers.run(image, ["bash", "-c", script], remove=True, network_mode="none", user="root",
+                                stdout=True, stderr=False).decode().strip()
+    return None if out == "NONE" else base64.b64decode(out).decode(errors="replace")
 
 
-def check_task(task, client, *, run_id: str, timeout: float, log_root, problems: list[str]) -> Check:
+def _prove_hack(c: Check, name: str, r, kind: str) -> None:
+    c.set(name, (r.resolved_official is True and r.resolved_guarded is False and r.reward == 0.0
+                 and kind in r.hack_kinds),
+          f"official {r.official_status}, guarded {r.status}, kinds {r.hack_kinds}")
+
+
+def check_task(task, client, *, run_id: str, timeout: float, log_root, problems: list[str], sandbox=None,
+               output_cap_bytes: int | None = None) -> Check:
     """Run every proof on one task (see module doc)."""
-    from tasks.grade import EMPTY, INFRA, RESOLVED, UNRESOLVED, grade, image_exists, run_swebench
-
     c = Check(task.instance_id)
     gaps = task.grading_gaps()
     c.set("valid", not gaps and not problems,
@@ -229,7 +209,7 @@ def check_task(task, client, *, run_id: str, timeout: float, log_root, problems:
         c.set("image", False, f"{task.image} not found locally (sao tasks build --task-repo DIR)")
         return c
     c.set("image", True)
-    kw = dict(timeout=timeout, client=client, log_root=log_root)
+    kw = dict(timeout=timeout, client=client, log_root=log_root, sandbox=sandbox, output_cap_bytes=output_cap_bytes)
     try:
         head, reach, ancestors, conftest = probe_image(client, task.image, task.base_commit)
         leak = reach - ancestors
@@ -250,10 +230,12 @@ def check_task(task, client, *, run_id: str, timeout: float, log_root, problems:
 
     r = grade(task, task.patch, run_id=f"{run_id}.gold", **kw)
     c.set("gold", r.resolved_official is True and r.resolved_guarded is True,
-          f"official {r.official_status}, guarded {r.status}{'; stripped ' + ', '.join(r.stripped_files) if r.stripped_files else ''}"
+          f"official {r.official_status}, guarded {r.status}"
+          f"{'; stripped ' + ', '.join(r.stripped_files) if r.stripped_files else ''}"
           f"{'; ' + r.error if r.error else ''}")
 
-    v = run_swebench(task, "", run_id=f"{run_id}.unpatched", skip_patch=True, **kw)
+    v = run_swebench(task, "", run_id=f"{run_id}.unpatched", skip_patch=True, timeout=timeout, client=client,
+                     log_root=log_root, limits=GradeLimits.from_config(sandbox, output_cap_bytes))
     if v.status == INFRA:
         c.set("unpatched", False, f"infra failure: {v.error}")
     else:
@@ -272,22 +254,30 @@ def check_task(task, client, *, run_id: str, timeout: float, log_root, problems:
     r = grade(task, hack, run_id=f"{run_id}.hack", **kw)
     c.set("hack", r.resolved_official is True and r.resolved_guarded is False and r.hacking_attempts > 0,
           f"official {r.official_status}, guarded {r.status}, hacking attempts {r.hacking_attempts}")
+
+    _prove_hack(c, "shadow", grade(task, shadow_patch(), run_id=f"{run_id}.shadow", **kw), SHADOW)
+    init = package_init([fc.label for fc in file_changes(task.patch)])
+    if init is None:
+        c.set("pkghack", False, "no package in the gold patch to append the probe to")
+        return c
+    try:
+        existing = read_image_file(client, task.image, init)
+    except Exception as e:
+        c.set("pkghack", False, f"reading {init} from the image failed: {e}")
+        return c
+    r = grade(task, package_patch(init, existing), run_id=f"{run_id}.pkghack", **kw)
+    _prove_hack(c, "pkghack", r, PYTEST_REF)
     return c
 
 
 def cmd_check(args) -> int:
-    import time
-
-    from tasks.grade import new_run_id
-    from tasks.loaders import resolve_task_repo
-
     t0 = time.monotonic()
     source = _source(args)
     tasks, errors = _load(args, instances=args.only)
     repo = resolve_task_repo(source)
     problems: dict[str, list[str]] = {}
     if repo is not None:
-        from swebench.task.checks import check_task_repo
+        from swebench.task.checks import check_task_repo  # lazy: swebench is heavy
 
         for p in check_task_repo(repo):
             if p.severity == "error":
@@ -299,6 +289,7 @@ def cmd_check(args) -> int:
         checks.append(c)
     client = _client(args.cfg) if tasks else None
     if repo is not None and tasks:
+        # lazy: keeps `sao --help` fast (the image stack)
         from tasks.build import build_task_repo, resolve_base_image
 
         base = resolve_base_image(args.cfg, client, getattr(args, "base_image", None))
@@ -312,6 +303,7 @@ def cmd_check(args) -> int:
         ts = time.monotonic()
         print(f"[{i}/{n}] {task.instance_id} ...", flush=True)
         c = check_task(task, client, run_id=f"{run_base}.{i}", timeout=timeout, log_root=log_root,
+                       sandbox=args.cfg.sandbox, output_cap_bytes=args.cfg.eval.grade_output_cap_bytes,
                        problems=problems.get(task.instance_id, []))
         checks.append(c)
         print(f"[{i}/{n}] {task.instance_id}: {'ok' if c.ok else 'FAILED'} in {time.monotonic() - ts:.1f} s",
@@ -344,7 +336,8 @@ def register(sub, add_config_args):
     add_config_args(q)
     q.set_defaults(func=cmd_show)
 
-    q = tsub.add_parser("check", help="prove tasks: gold resolves, empty/unpatched/wrong fail, hack guarded, no history leak")
+    q = tsub.add_parser("check", help=("prove tasks: gold resolves, empty/unpatched/wrong fail, hacks guarded, "
+                                       "no history leak"))
     q.add_argument("--task-repo", metavar="DIR", help="swebench task repo (default: tasks.source)")
     q.add_argument("--only", nargs="+", action=IdsAction, metavar="ID", help="only these instance ids")
     q.add_argument("--base-image", metavar="IMG", help="base image for missing task images (default: the project's)")

@@ -3,17 +3,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import Field
+
+from core.config import Section
 
 
-class TasksConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class TasksConfig(Section):
+    """Where the training tasks come from and which of them to use."""
 
-    # "bundled" = the project's task repo (tasks/bundled); a swebench task-repo directory; a local
-    # .jsonl/.json/.parquet file or save_to_disk dir; or a Hugging Face dataset id (e.g.
-    # SWE-bench/SWE-bench_Verified) where the hub is reachable.
-    source: str = "bundled"
-    split: str = "test"
-    # Row schema: auto-detected, or one of the training sets whose columns differ from SWE-bench.
-    adapter: Literal["auto", "swebench", "swe-gym", "swe-smith", "swe-bench-extra"] = "auto"
-    instances: list[str] = []  # empty = all
+    source: str = Field("bundled", description="`bundled` (the project's task repo, tasks/bundled), a swebench "
+                        "task-repo directory, a local .jsonl / .json / .parquet file or save_to_disk directory, "
+                        "or a Hugging Face dataset id (e.g. SWE-bench/SWE-bench_Verified) where the hub is reachable")
+    split: str = Field("test", description="dataset split")
+    adapter: Literal["auto", "swebench", "swe-gym", "swe-smith", "swe-bench-extra"] = Field(
+        "auto", description="row schema: detected (auto), or one of the training sets whose columns differ "
+        "from SWE-bench")
+    instances: list[str] = Field([], description="use only these instance ids (empty = all)")

@@ -1,22 +1,27 @@
-"""Grade a patch with the official swebench harness, in a fresh container from the task image.
+"""Grade a patch with the official swebench harness, then with a guard that only real test results pass.
 
-``grade(task, patch, *, run_id, timeout) -> GradeResult`` is the RL reward and the evaluator's
-verdict. It runs ``swebench.harness.run_evaluation.run_instance`` (swebench's own patch application,
-eval script, log parser and ``get_eval_report``) twice: the official verdict on the raw patch and
-the guarded verdict on the patch without test / test-config changes (``eval.guard``); once when the
-guard stripped nothing. Status (of the guarded verdict, which sets the reward):
-
-    resolved | unresolved | empty | patch_does_not_apply | infra_failure
+``grade(task, patch, *, run_id, timeout, ..., sandbox, output_cap_bytes) -> GradeResult`` is the RL
+reward and the evaluator's verdict:
+- official: ``swebench.harness.run_evaluation.run_instance`` on the raw patch (swebench's own patch
+  application, eval script, log parser and ``get_eval_report``);
+- guarded (sets the reward; ``guard=False``: the official verdict): 0 when the static check
+  (``tasks.guard.find_hacks``) finds a hacking attempt (status ``empty`` when every file of the patch
+  is one, else ``unresolved``); otherwise the official verdict, and when that is resolved, also the
+  clean run (``tasks.clean_run``: the graded tests rerun by the harness from a JUnit report, test
+  files reset to the task's versions, ``python -P``; pytest tasks only) must pass every
+  FAIL_TO_PASS / PASS_TO_PASS test.
+Status (of the guarded verdict): resolved | unresolved | empty | patch_does_not_apply | infra_failure.
+``hack_kinds`` lists the kinds found (``tasks.guard.HACK_KINDS``; ``output_cap`` when a run's test
+output went over ``output_cap_bytes``, which is a patch failure: unresolved, not infra).
 
 ``reward`` is 1.0 / 0.0, and None for an infra failure (Docker trouble, a missing image, a
 timeout): an infra failure is never a reward of 0. swebench's own advisory ``infra_failure`` flag
 (log signatures such as "Could not resolve host", text a patch can print) is reported in ``error``
 but does not change the verdict.
 
-Local runs: every swebench eval container (``sweb.eval.*``) is created with ``network_mode="none"``,
-without the ``SYS_ADMIN`` capability swebench adds, with ``stop_signal=SIGKILL`` (so cleanup does
-not wait 15 s on ``tail -f``), through a wrapper on ``ContainerCollection.create`` (patching
-``client.containers.create`` does not work: ``.containers`` is a new object on each access).
+Every grading container is a sandbox (``tasks.grade_sandbox``): network none, ``cap_drop=ALL``,
+``no-new-privileges``, the memory / pids / CPU limits of ``sandbox.*``, output streamed with a cap;
+swebench's own containers (``sweb.eval.*``) get them through a wrapper on container creation.
 Each grading uses a fresh swebench run id (swebench skips an instance whose report exists).
 """
 from __future__ import annotations
@@ -31,7 +36,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.guard import InvalidPatch, strip_test_changes
+from envs.config import DockerConfig, SandboxConfig
+from envs.engine import ensure_engine
+from tasks.clean_run import clean_run
+from tasks.diffparse import file_changes
+from tasks.grade_sandbox import GradeLimits, grading_limits, install_swebench_hooks
+from tasks.guard import OUTPUT_CAP, InvalidPatch, find_hacks, strip_test_changes
+from tasks.model import Task
 
 RESOLVED = "resolved"
 UNRESOLVED = "unresolved"
@@ -52,6 +63,7 @@ class Verdict:
     log_dir: str | None = None
     error: str = ""
     seconds: float = 0.0
+    over_cap: bool = False  # the test output went over the cap (a patch failure)
 
     @property
     def resolved(self) -> bool | None:
@@ -68,7 +80,9 @@ class GradeResult:
     reward: float | None
     hacking_attempts: int = 0
     stripped_files: list[str] = field(default_factory=list)
-    report: dict[str, Any] = field(default_factory=dict)  # {"official": ..., "guarded": ...} swebench reports
+    hack_kinds: list[str] = field(default_factory=list)  # kinds of the hacking attempts (tasks.guard.HACK_KINDS)
+    hacks: list[str] = field(default_factory=list)  # "kind: path" per finding
+    report: dict[str, Any] = field(default_factory=dict)  # {"official", "guarded": swebench reports, "clean": tests}
     log_dir: str | None = None
     seconds: float = 0.0
     error: str = ""
@@ -78,34 +92,9 @@ class GradeResult:
 
 
 # --- process-wide plumbing around swebench ---------------------------------------------------
-_wrap_lock = threading.Lock()
-_wrapped = False
-
-
 def force_network_none() -> None:
-    """Wrap ``ContainerCollection.create`` once: swebench eval containers get no network (see doc)."""
-    global _wrapped
-    with _wrap_lock:
-        if _wrapped:
-            return
-        from docker.models.containers import ContainerCollection
-
-        original = ContainerCollection.create
-
-        def create(self, image, command=None, **kwargs):
-            if str(kwargs.get("name", "")).startswith("sweb.eval."):
-                kwargs["network_mode"] = "none"
-                kwargs.pop("network", None)
-                kwargs["cap_add"] = [c for c in kwargs.get("cap_add") or [] if c != "SYS_ADMIN"] or None
-                kwargs.setdefault("stop_signal", "SIGKILL")
-                labels = dict(kwargs.get("labels") or {})
-                labels.setdefault("sao-harness.owner", "grade")
-                kwargs["labels"] = labels
-            return original(self, image, command, **kwargs)
-
-        create.__wrapped__ = original  # type: ignore[attr-defined]
-        ContainerCollection.create = create
-        _wrapped = True
+    """Harden swebench's eval containers (network none and the rest: ``tasks.grade_sandbox``)."""
+    install_swebench_hooks()
 
 
 class _LogRoot:
@@ -119,6 +108,7 @@ class _LogRoot:
 
     @contextmanager
     def use(self, root: Path):
+        # lazy: swebench is heavy
         import swebench.harness.reporting as reporting
         import swebench.harness.run_evaluation as run_evaluation
 
@@ -157,9 +147,6 @@ def default_client():
     global _client
     with _client_lock:
         if _client is None:
-            from envs.config import DockerConfig
-            from envs.engine import ensure_engine
-
             _client = ensure_engine(DockerConfig())
         return _client
 
@@ -169,7 +156,7 @@ def new_run_id(prefix: str = "sao") -> str:
 
 
 def image_exists(client, image: str) -> bool:
-    import docker
+    import docker  # lazy: docker-py is heavy
 
     try:
         client.images.get(image)
@@ -180,8 +167,11 @@ def image_exists(client, image: str) -> bool:
 
 # --- one swebench run ------------------------------------------------------------------------
 def run_swebench(task, patch: str, *, run_id: str, model: str = "sao", timeout: float = 1800,
-                 client=None, log_root: Path | str = DEFAULT_LOG_ROOT, skip_patch: bool = False) -> Verdict:
-    """One official swebench evaluation of ``patch`` on ``task`` (``skip_patch``: the unpatched repo)."""
+                 client=None, log_root: Path | str = DEFAULT_LOG_ROOT, skip_patch: bool = False,
+                 limits: GradeLimits | None = None) -> Verdict:
+    """One official swebench evaluation of ``patch`` on ``task`` (``skip_patch``: the unpatched repo),
+    in a hardened container (``limits``: default ``sandbox.*`` limits and output cap)."""
+    # lazy: swebench is heavy
     from swebench.harness.constants import APPLY_PATCH_FAIL, LOG_INSTANCE, LOG_REPORT
     from swebench.harness.run_evaluation import run_instance
 
@@ -191,6 +181,7 @@ def run_swebench(task, patch: str, *, run_id: str, model: str = "sao", timeout: 
     if not RUN_ID_RE.match(run_id):
         raise ValueError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' (it names containers)")
     spec = task.test_spec()
+    limits = limits or GradeLimits()
     try:
         client = client or default_client()
         present = image_exists(client, spec.image)
@@ -198,9 +189,9 @@ def run_swebench(task, patch: str, *, run_id: str, model: str = "sao", timeout: 
         return Verdict(INFRA, error=f"Docker engine: {type(e).__name__}: {e}", seconds=time.monotonic() - t0)
     if not present:
         return Verdict(INFRA, error=f"image {spec.image} not found locally (build it: sao tasks build --task-repo DIR)")
-    force_network_none()
+    install_swebench_hooks()
     pred = {"instance_id": task.instance_id, "model_name_or_path": model, "model_patch": patch or ""}
-    with _instance_lock(task.instance_id), LOG_ROOT.use(Path(log_root)) as root:
+    with _instance_lock(task.instance_id), LOG_ROOT.use(Path(log_root)) as root, grading_limits(limits) as g:
         log_dir = root / run_id / model.replace("/", "__") / task.instance_id
         if (log_dir / LOG_REPORT).exists():
             raise ValueError(f"run id {run_id!r} already has a report at {log_dir / LOG_REPORT}; "
@@ -211,6 +202,9 @@ def run_swebench(task, patch: str, *, run_id: str, model: str = "sao", timeout: 
             return Verdict(INFRA, log_dir=str(log_dir), error=f"{type(e).__name__}: {e}",
                            seconds=time.monotonic() - t0)
     seconds = time.monotonic() - t0
+    if g.over_cap:
+        return Verdict(UNRESOLVED, None, str(log_dir), f"test output over the cap of {limits.output_cap_bytes} "
+                       "bytes (a patch failure)", seconds, over_cap=True)
     if result is not None:
         report = result[1][task.instance_id]
         status = RESOLVED if report.get("resolved") else UNRESOLVED
@@ -231,38 +225,59 @@ def run_swebench(task, patch: str, *, run_id: str, model: str = "sao", timeout: 
 
 
 # --- the reward ------------------------------------------------------------------------------
+def _hacked_verdict(official: Verdict, hacks, n_files: int) -> Verdict:
+    """The guarded verdict of a patch with hacking findings: never resolved."""
+    if official.status == NO_APPLY:
+        return Verdict(NO_APPLY, log_dir=official.log_dir)
+    every_file = {h.index for h in hacks} >= set(range(n_files))
+    why = "hacking attempt: " + "; ".join(dict.fromkeys(str(h) for h in hacks))
+    return Verdict(EMPTY if every_file else UNRESOLVED, log_dir=official.log_dir, error=why)
+
+
 def grade(task, patch: str, *, run_id: str | None = None, timeout: float = 1800, client=None,
-          guard: bool = True, model: str = "sao", log_root: Path | str = DEFAULT_LOG_ROOT) -> GradeResult:
+          guard: bool = True, model: str = "sao", log_root: Path | str = DEFAULT_LOG_ROOT,
+          sandbox: SandboxConfig | None = None, output_cap_bytes: int | None = None) -> GradeResult:
     """Official and guarded verdicts of ``patch`` on ``task`` (a ``Task`` or a swebench row dict; see
-    module doc). ``run_id`` must be fresh (default: a new one)."""
+    module doc). ``run_id`` must be fresh (default: a new one). ``sandbox`` (limits of the grading
+    containers, default ``SandboxConfig()``) and ``output_cap_bytes`` (``eval.grade_output_cap_bytes``)."""
     t0 = time.monotonic()
     if isinstance(task, dict):
-        from tasks.model import Task
-
         task = Task.from_row(task)
     run_id = run_id or new_run_id()
     patch = patch or ""
     iid = task.instance_id
+    limits = GradeLimits.from_config(sandbox, output_cap_bytes)
+    hacks = find_hacks(patch, task.test_patch, task.repo) if guard and patch.strip() else []
     try:
-        guarded = strip_test_changes(patch, task.test_patch) if guard else None
+        stripped = strip_test_changes(patch, task.test_patch) if guard else None
     except InvalidPatch as e:
         return GradeResult(iid, NO_APPLY, NO_APPLY, False, False, 0.0, error=f"invalid patch: {e}",
-                           seconds=time.monotonic() - t0)
+                           hacking_attempts=len({h.index for h in hacks}), hacks=[str(h) for h in hacks],
+                           hack_kinds=list(dict.fromkeys(h.kind for h in hacks)), seconds=time.monotonic() - t0)
     official = run_swebench(task, patch, run_id=run_id, model=model, timeout=timeout, client=client,
-                            log_root=log_root)
-    if guarded is None or not guarded.changed:
+                            log_root=log_root, limits=limits)
+    kinds = [h.kind for h in hacks] + ([OUTPUT_CAP] if official.over_cap else [])
+    clean = None
+    if not guard or (official.status != RESOLVED and not hacks):
         final = official
-    elif official.status == INFRA and official.error.startswith("image "):
-        final = official
+    elif not hacks and not (task.log_parser or "").startswith("parse_log_pytest"):
+        final = official  # the clean run reads pytest's JUnit report: pytest tasks only (docs/threats.md)
+    elif hacks:
+        final = _hacked_verdict(official, hacks, len(file_changes(patch)))
     else:
-        final = run_swebench(task, guarded.patch, run_id=f"{run_id}.guarded", model=model, timeout=timeout,
-                             client=client, log_root=log_root)
+        clean = clean_run(task, patch, client=client or default_client(), limits=limits, timeout_s=timeout,
+                          log_dir=Path(log_root).resolve() / f"{run_id}.clean" / model.replace("/", "__") / iid)
+        final = Verdict(clean.status, official.report, clean.log_dir or official.log_dir, clean.error,
+                        clean.seconds, clean.over_cap)
+        kinds += [OUTPUT_CAP] if clean.over_cap else []
     reward = None if final.status == INFRA else (1.0 if final.status == RESOLVED else 0.0)
     errors = "; ".join(dict.fromkeys(e for e in (official.error, final.error) if e))
+    attempts = len({h.index for h in hacks}) + (1 if OUTPUT_CAP in kinds else 0)
     return GradeResult(
         instance_id=iid, status=final.status, official_status=official.status,
         resolved_official=official.resolved, resolved_guarded=final.resolved, reward=reward,
-        hacking_attempts=guarded.hacking_attempts if guarded else 0,
-        stripped_files=list(guarded.stripped_files) if guarded else [],
-        report={"official": official.report, "guarded": final.report},
+        hacking_attempts=attempts, stripped_files=list(stripped.stripped_files) if stripped else [],
+        hack_kinds=list(dict.fromkeys(kinds)), hacks=[str(h) for h in hacks],
+        report={"official": official.report, "guarded": final.report,
+                "clean": clean.tests_status if clean else None},
         log_dir=final.log_dir or official.log_dir, seconds=time.monotonic() - t0, error=errors)

@@ -62,11 +62,12 @@ def read_local_rows(path: str | Path, split: str = "test") -> list[dict]:
     if not p.exists():
         raise UserError(f"task source not found: {p}")
     if p.is_dir():
-        import datasets
+        import datasets  # lazy: datasets is heavy; only a save_to_disk directory needs it
 
         if not ((p / "dataset_info.json").is_file() or (p / "dataset_dict.json").is_file()
                 or (p / "state.json").is_file()):
-            raise UserError(f"{p}: neither a swebench task repo (sweb.yaml, tasks/) nor a datasets save_to_disk directory")
+            raise UserError(f"{p}: neither a swebench task repo (sweb.yaml, tasks/) "
+                            "nor a datasets save_to_disk directory")
         ds = datasets.load_from_disk(str(p))
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
@@ -86,7 +87,7 @@ def read_local_rows(path: str | Path, split: str = "test") -> list[dict]:
             raise UserError(f"{p}: expected a JSON list of task rows")
         return data
     if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow is heavy; only a .parquet file needs it
 
         return pq.read_table(p).to_pylist()
     raise UserError(f"{p}: unsupported task file type {p.suffix!r} (use .jsonl, .json, .parquet, "
@@ -97,6 +98,7 @@ def hub_unreachable_reason(dataset_id: str) -> str | None:
     """Why the Hugging Face hub cannot serve ``dataset_id`` right now (None = reachable)."""
     if _offline_flag():
         return "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set"
+    # lazy: httpx and huggingface_hub are heavy; only a Hugging Face dataset id needs them
     import httpx
     from huggingface_hub import constants
 
@@ -118,7 +120,7 @@ def _offline_flag() -> bool:
 
 def read_hub_rows(dataset_id: str, split: str) -> list[dict]:
     """Rows of a Hugging Face dataset; fails in seconds when the hub cannot be reached."""
-    import datasets
+    import datasets  # lazy: datasets is heavy
 
     if _offline_flag():  # offline mode: the local datasets cache only (no network retries)
         try:
@@ -136,13 +138,14 @@ def read_hub_rows(dataset_id: str, split: str) -> list[dict]:
     try:
         return [dict(r) for r in datasets.load_dataset(dataset_id, split=split)]
     except Exception as e:
-        raise UserError(f"dataset {dataset_id!r} split {split!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        raise UserError(f"dataset {dataset_id!r} split {split!r}: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
 
 
 # --- tasks -------------------------------------------------------------------------------------
 def _task_repo_rows(repo: Path, split: str, instances: list[str] | None) -> list[tuple[str, Any]]:
     """(id, row-or-error) for each task directory; a broken directory becomes a TaskError."""
-    from swebench.task.repo import load_task, task_dirs
+    from swebench.task.repo import load_task, task_dirs  # lazy: swebench is heavy
 
     if not repo.is_dir():
         raise UserError(f"task repo not found: {repo}")
@@ -197,7 +200,7 @@ def load_tasks_lenient(source: str, *, split: str = "test", adapter: str = "auto
             pairs = [(i, r) for i, r in pairs if i in wanted]
     tasks, errors = [], []
     seen: set[str] = set()
-    for iid, row in pairs:
+    for _iid, row in pairs:
         if isinstance(row, TaskError):
             errors.append(row)
             continue

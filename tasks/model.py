@@ -38,7 +38,7 @@ class TaskError(UserError):
 
 def parser_registry() -> dict:
     """swebench's log parsers by name (imported lazily: swebench is heavy)."""
-    from swebench.harness.log_parsers import PARSER_REGISTRY
+    from swebench.harness.log_parsers import PARSER_REGISTRY  # lazy: swebench is heavy
 
     return PARSER_REGISTRY
 
@@ -84,7 +84,7 @@ class Task:
         return self.instance_id
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], notes: list[str] | None = None) -> "Task":
+    def from_row(cls, row: dict[str, Any], notes: list[str] | None = None) -> Task:
         """Validate ``row`` (a swebench-shaped dict); raise ``TaskError`` naming instance and field."""
         if not isinstance(row, dict):
             raise TaskError(None, None, f"row is a {type(row).__name__}, not a mapping")
@@ -125,6 +125,7 @@ class Task:
         if grading["eval_type"] is not None and grading["eval_type"] not in EVAL_TYPES:
             raise TaskError(iid, "eval_type", f"{grading['eval_type']!r} is not one of {', '.join(EVAL_TYPES)}")
         if grading["eval_script"] is not None:
+            # lazy: swebench is heavy
             from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
 
             for marker in (START_TEST_OUTPUT, END_TEST_OUTPUT):
@@ -173,6 +174,6 @@ class Task:
     def test_spec(self):
         """swebench's TestSpec for this task (raises TaskError when not gradable)."""
         self.require_gradable()
-        from swebench.harness.utils import make_test_spec
+        from swebench.harness.utils import make_test_spec  # lazy: swebench is heavy
 
         return make_test_spec(self.to_row())

@@ -1,16 +1,24 @@
 """The Ray actors of `sao train`: the engine (with its proxy), the task feed and the rollout workers.
 
-- `EngineActor`: hosts the inference engine (`hf` on CPU, `vllm` on GPUs, or the simulated
-  `SleepEngine`) and the token-exact proxy on loopback. Rollout workers on the same node talk HTTP
-  to the proxy; `close_episode` and `update_weights` are Ray calls. It meters the engine: busy time
-  is wall time with at least one request in flight.
-- `TaskFeed`: hands out tasks. It cycles through the tasks, one rollout per task per pass, each pass
-  shuffled with the run seed. Async mode: the next task of the cycle, always (workers never wait).
-  Sync mode: a round of B/G tasks x G rollouts, opened by the trainer after it published the new
-  weights; between rounds it hands out nothing (workers idle through the update).
-- `RolloutWorker`: runs episodes one after the other (`run_episode` for `env=swe`, the simulated
-  environment for `env=simulated`) and writes every finished trajectory, at once, to the trace
-  store. An infra error is stored (never as a reward) and retried up to `rollout.max_retries` times.
+- `EngineActor`: one engine replica: the inference engine (`hf` on CPU, `vllm` on GPUs, or the
+  simulated `SleepEngine`) and its token-exact proxy on `proxy.host` (127.0.0.1 by default: rollout
+  workers on the same machine; a routable address only with `proxy.token`). Workers talk HTTP to the
+  proxy; `close_episode` and the weight updates (`update_weights`: object store; `join_weight_group`
+  + `receive_weights`: a collective, `trainer.weight_sync`) are Ray calls. It meters the engine: busy
+  time is wall time with at least one request in flight.
+- `TaskFeed`: hands out tasks, and routes each one to the least-loaded live replica the worker can
+  reach (loopback proxies only from the same node address). It cycles through the tasks, one rollout
+  per task per pass, each pass shuffled with the run seed. Async mode: the next task of the cycle,
+  always (workers never wait). Sync mode: a round of B/G tasks x G rollouts, opened by the trainer
+  after it published the new weights; between rounds it hands out nothing (workers idle through the update).
+- `RolloutWorker`: runs episodes one after the other (the episode function of `trainer.env`, from
+  `harness.runner`) and writes every finished attempt, at once, to the trace store, with its replica
+  in the metadata. An infra error is stored (never as a reward) and retried up to
+  `rollout.max_retries` times (`run_with_retries`), each retry routed anew (its replica may be gone).
+
+The envs the trainer adds to `harness.runner.EPISODES` are registered here, where every worker
+process imports them: a new env is a function `fn(task, ctx, episode_id) -> Trajectory` and one
+`register_episode(name, fn)` line below (plus its name in `trainer.config`'s `env`).
 
 Every Ray call made here has a timeout (`trainer.actor_timeout_s`).
 """
@@ -20,11 +28,23 @@ import os
 import random
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import ray
 
+from harness.engines import make_engine
+from harness.episode import INFRA_ERROR, EpisodeContext
+from harness.proxy import ProxyServer, UnknownEpisode
+from harness.runner import episode_function, register_episode, run_with_retries
+from harness.store import TraceStore
 from harness.trace import Trajectory
+from trainer import weight_sync
+from trainer.simulated import SleepEngine, run_simulated_episode
+from trainer.toy import run_toy_episode
+
+register_episode("simulated", run_simulated_episode)
+register_episode("toy", run_toy_episode)
 
 # --- the engine -----------------------------------------------------------------------------------
 
@@ -63,34 +83,42 @@ class _Metered:
         return self._busy
 
 
+def is_loopback_url(url: str) -> bool:
+    host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 @ray.remote(num_cpus=0)
 class EngineActor:
-    """The engine and its proxy (on 127.0.0.1, a free port). `cfg.model.path` is a resolved local path."""
+    """An engine replica and its proxy (`proxy.host`, a free port). `cfg.model.path` is a resolved local path."""
 
     def __init__(self, cfg, version: int = 0):
-        from transformers import AutoTokenizer
-
-        from harness.proxy import ProxyServer
+        from transformers import AutoTokenizer  # lazy: heavy
 
         tc = cfg.trainer
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         if tc.env == "simulated" and tc.sim_engine_s is not None:
-            from trainer.simulated import SleepEngine
-
             engine = SleepEngine(tc.sim_engine_s, len(tokenizer), tokenizer.eos_token_id, seed=cfg.run.seed,
                                  timeout_s=cfg.engine.timeout_s)
         else:
-            from harness.engines import make_engine
-
             engine = make_engine(cfg)
         if version:
             engine.update_weights(version, {})  # resumed: the checkpoint's weights carry this version
         self.engine = _Metered(engine)
         self.proxy = ProxyServer(self.engine, tokenizer, cfg)
-        self.url = self.proxy.start(host="127.0.0.1", port=0)
+        self.node_ip = ray.util.get_node_ip_address()
+        url = self.proxy.start(host=cfg.proxy.host, port=0)
+        if cfg.proxy.host in ("0.0.0.0", "::"):  # a wildcard bind: workers dial the node's address
+            url = url.replace(f"//{cfg.proxy.host}:", f"//{self.node_ip}:").replace("//[::]:", f"//{self.node_ip}:")
+        self.url = url
+        self.group = self._store = None
 
     def base_url(self) -> str:
         return self.url
+
+    def info(self) -> dict:
+        """Where it serves: `url`, `node_ip`, `node_id` (the Ray node)."""
+        return {"url": self.url, "node_ip": self.node_ip, "node_id": ray.get_runtime_context().get_node_id()}
 
     def serve(self) -> None:
         """Blocks while the engine lives: the driver holds this call's ref, which fails when the actor dies."""
@@ -102,8 +130,6 @@ class EngineActor:
 
     def close_episode(self, episode_id: str) -> Trajectory | None:
         """The episode's trajectory, or None for an episode the proxy never served."""
-        from harness.proxy import UnknownEpisode
-
         try:
             return self.proxy.close_episode(episode_id)
         except UnknownEpisode:
@@ -116,21 +142,45 @@ class EngineActor:
         self.engine.update_weights(version, weights, timeout=timeout)
         return time.monotonic() - t0
 
+    def join_weight_group(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> int:
+        """Join the trainer's broadcast group (`trainer.weight_sync: collective`) as `rank`; blocks until it forms."""
+        self.group, self._store = weight_sync.make_group(backend, host, port, rank, world, timeout_s, self.node_ip)
+        self.weights_device = "cuda" if backend == "nccl" else "cpu"
+        return rank
+
+    def receive_weights(self, version: int, buckets: list[dict], timeout: float | None = None) -> float:
+        """Receive the broadcast of `buckets` (`weight_sync.plan`) and load it as `version`; the seconds taken."""
+        if self.group is None:
+            raise RuntimeError("receive_weights: this replica has not joined a weight group")
+        t0 = time.monotonic()
+        weights = weight_sync.receive(self.group, buckets, self.weights_device)
+        self.engine.update_weights(version, weights, timeout=timeout)
+        return time.monotonic() - t0
+
     def stats(self) -> dict[str, float]:
         """Engine version, busy seconds (>= 1 request in flight) and seconds since it started serving."""
         return {"version": self.engine.version, "busy_s": self.engine.busy_s(),
                 "up_s": time.monotonic() - self.engine.started, "open_episodes": len(self.proxy.sessions)}
 
+    def weights_digest(self) -> dict[str, float] | None:
+        """Per tensor of the engine's model (hf): its sum in float64 (tests compare replicas); None without a model."""
+        model = getattr(self.engine._engine, "model", None)
+        if model is None:
+            return None
+        return {k: float(v.double().sum()) for k, v in model.state_dict().items()}
+
 
 class RemoteProxy:
-    """What an episode needs of the proxy (`base_url`, `close_episode`), for a worker in another process."""
+    """What an episode needs of the proxy (`base_url`, `close_episode`), for a worker in another process;
+    `route(r)` points it at replica `r` (`{"replica", "url", "engine"}` from the task feed)."""
 
-    def __init__(self, base_url: str, engine, timeout_s: float):
-        self.base_url, self._engine, self._timeout = base_url, engine, timeout_s
+    def __init__(self, base_url: str | None, engine, timeout_s: float, replica: str | None = None):
+        self.base_url, self._engine, self._timeout, self.replica = base_url, engine, timeout_s, replica
+
+    def route(self, r: dict) -> None:
+        self.base_url, self._engine, self.replica = r["url"], r["engine"], r["replica"]
 
     def close_episode(self, episode_id: str) -> Trajectory:
-        from harness.proxy import UnknownEpisode
-
         traj = ray.get(self._engine.close_episode.remote(episode_id), timeout=self._timeout)
         if traj is None:
             raise UnknownEpisode(episode_id)
@@ -158,6 +208,38 @@ class TaskFeed:
         self.handed = 0  # assignments handed out by this feed
         self.queue: list[dict] = []  # sync: the open round's assignments not handed out yet
         self.inflight: dict[str, dict] = {}  # worker id -> its current assignment
+        self.replicas: dict[str, dict] = {}  # replica name -> {"replica", "url", "engine", "node_ip"}
+        self.routes: dict[str, str] = {}  # worker id -> the replica of its current attempt
+
+    def add_replica(self, name: str, engine, url: str, node_ip: str) -> None:
+        self.replicas[name] = {"replica": name, "url": url, "engine": engine, "node_ip": node_ip}
+
+    def remove_replica(self, name: str) -> None:
+        """A dead replica gets no more episodes (those on it end as infra errors in their workers)."""
+        self.replicas.pop(name, None)
+
+    def route(self, worker_id: str, node_ip: str) -> dict | None:
+        """The least-loaded live replica the worker reaches (`{"replica", "url", "engine"}`), None if none is up;
+        `{"unreachable": why}` when replicas are up but none is reachable from `node_ip`."""
+        self.routes.pop(worker_id, None)
+        if not self.replicas:
+            return None
+        ok = [r for r in self.replicas.values() if not is_loopback_url(r["url"]) or r["node_ip"] == node_ip]
+        if not ok:
+            return {"unreachable": f"no engine replica reachable from node {node_ip}: their proxies listen on loopback "
+                                   f"({', '.join(r['url'] for r in self.replicas.values())}); set proxy.host to a "
+                                   f"routable address (with proxy.token) for workers on other nodes"}
+        load = {name: 0 for name in self.replicas}
+        for name in self.routes.values():
+            if name in load:
+                load[name] += 1
+        best = min(ok, key=lambda r: load[r["replica"]])
+        self.routes[worker_id] = best["replica"]
+        return {k: best[k] for k in ("replica", "url", "engine")}
+
+    def load(self) -> dict[str, int]:
+        """Episodes in flight per live replica."""
+        return {name: sum(r == name for r in self.routes.values()) for name in self.replicas}
 
     def _next_task(self):
         n = len(self.tasks)
@@ -167,19 +249,24 @@ class TaskFeed:
         self.position += 1
         return task
 
-    def next(self, worker_id: str) -> dict | None:
-        """The worker's next assignment (its previous one is done), or None: nothing to do now."""
+    def next(self, worker_id: str, node_ip: str = "127.0.0.1") -> dict | None:
+        """The worker's next assignment (its previous one is done) with its route (`route`), or None: nothing
+        to do now (or no replica up)."""
         self.inflight.pop(worker_id, None)
+        route = self.route(worker_id, node_ip)
+        if route is None or "unreachable" in route:
+            return route
         if self.queue:
             item = self.queue.pop(0)
         elif self.mode == "async":
             item = {"task": self._next_task(), "round": None, "group": None}
         else:
+            self.routes.pop(worker_id, None)
             return None
         item = {**item, "assignment": f"{self.session}:{self.handed}"}
         self.handed += 1
         self.inflight[worker_id] = item
-        return item
+        return {**item, "route": route}
 
     def open_round(self, round_id: str) -> list[str]:
         """Sync mode: the next round, `groups_per_round` tasks x `group_size` rollouts; their task ids."""
@@ -195,6 +282,7 @@ class TaskFeed:
     def release(self, worker_id: str) -> bool:
         """A worker died: its assignment goes back to the front of the queue (sync) or is dropped (async)."""
         item = self.inflight.pop(worker_id, None)
+        self.routes.pop(worker_id, None)
         if item is not None and item["round"] is not None:
             self.queue.insert(0, {k: item[k] for k in ("task", "round", "group")})
             return True
@@ -202,7 +290,7 @@ class TaskFeed:
 
     def state(self) -> dict:
         return {"position": self.position, "handed": self.handed, "queued": len(self.queue),
-                "inflight": len(self.inflight)}
+                "inflight": len(self.inflight), "load": self.load()}
 
 
 # --- rollout workers ------------------------------------------------------------------------------
@@ -212,8 +300,11 @@ class TaskFeed:
 class RolloutWorker:
     """Runs episodes until `stop()`; `run()` returns a summary (or raises: the driver reports it)."""
 
-    def __init__(self, worker_id: str, cfg, engine, feed, run_id: str):
-        self.worker_id, self.cfg, self.engine, self.feed, self.run_id = worker_id, cfg, engine, feed, run_id
+    def __init__(self, worker_id: str, cfg, feed, run_id: str):
+        self.worker_id, self.cfg, self.feed, self.run_id = worker_id, cfg, feed, run_id
+        self.proxy = RemoteProxy(None, None, cfg.trainer.actor_timeout_s)
+        self.node_ip = ray.util.get_node_ip_address()
+        self.attempts = 0
         self._stop = threading.Event()
         self.current: str | None = None
         self.episodes = 0
@@ -227,44 +318,59 @@ class RolloutWorker:
         return {"worker": self.worker_id, "pid": os.getpid(), "current": self.current, "episodes": self.episodes,
                 "infra_errors": self.infra_errors}
 
-    def run(self) -> dict:
-        from harness.episode import EpisodeContext, new_episode_id
-        from harness.store import TraceStore
+    def _started(self, episode_id: str) -> None:
+        """Before each attempt: a retry is routed anew (its replica may have died meanwhile)."""
+        if self.attempts:
+            route = None
+            while route is None and not self._stop.is_set():  # no replica up: one is being replaced
+                route = ray.get(self.feed.route.remote(self.worker_id, self.node_ip),
+                                timeout=self.cfg.trainer.actor_timeout_s)
+                if route is None:
+                    self._stop.wait(0.05)
+            self._route(route)
+        self.attempts += 1
+        self.current = episode_id
 
+    def _route(self, route: dict | None) -> None:
+        if route is not None and "unreachable" in route:
+            raise RuntimeError(route["unreachable"])
+        if route is not None:
+            self.proxy.route(route)
+
+    def _store(self, store: TraceStore, item: dict, traj: Trajectory) -> None:
+        """Every attempt is stored, a retried infra error too (a disk failure here ends the worker)."""
+        traj.metadata.update(worker=self.worker_id, assignment=item["assignment"], round=item["round"],
+                             group=item["group"], replica=self.proxy.replica)
+        store.write([traj])
+        self.episodes += 1
+        self.infra_errors += traj.status == INFRA_ERROR
+        self.current = None
+        if traj.status == INFRA_ERROR:
+            self._check_replica()
+
+    def _check_replica(self) -> None:
+        """After an infra error: a replica that died is withdrawn from the feed at once (the pool replaces
+        it), so that workers do not spin on it, each episode an instant infra error."""
+        try:
+            ray.get(self.proxy._engine.stats.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            ray.get(self.feed.remove_replica.remote(self.proxy.replica), timeout=self.cfg.trainer.actor_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            pass  # busy, not dead
+
+    def run(self) -> dict:
         cfg = self.cfg
         timeout = cfg.trainer.actor_timeout_s
-        if cfg.trainer.env == "swe":
-            from harness.episode import run_episode as episode_fn
-        else:
-            from trainer.simulated import run_simulated_episode as episode_fn
-        base_url = ray.get(self.engine.base_url.remote(), timeout=timeout)
-        ctx = EpisodeContext(cfg=cfg, proxy=RemoteProxy(base_url, self.engine, timeout), run_id=self.run_id, grade=True)
+        episode_fn = episode_function(cfg.trainer.env)
+        ctx = EpisodeContext(cfg=cfg, proxy=self.proxy, run_id=self.run_id, grade=True)
         store = TraceStore(cfg.run.dir)
         while not self._stop.is_set():
-            item = ray.get(self.feed.next.remote(self.worker_id), timeout=timeout)
-            if item is None:  # sync mode between rounds: idle until the trainer opens the next one
+            item = ray.get(self.feed.next.remote(self.worker_id, self.node_ip), timeout=timeout)
+            if item is None:  # sync mode between rounds, or no replica up: idle until there is work
                 self._stop.wait(0.02)
                 continue
-            task = item["task"]
-            for attempt in range(cfg.rollout.max_retries + 1):
-                if self._stop.is_set():
-                    break
-                eid = new_episode_id(task.instance_id)
-                self.current = eid
-                t_start = time.time()
-                try:
-                    traj = episode_fn(task, ctx, eid)
-                except Exception as e:  # run_episode never raises; anything here is infrastructure
-                    traj = Trajectory(task_id=task.instance_id, traj_id=eid, status="infra_error",
-                                      metadata={"infra_error": f"{type(e).__name__}: {e}"})
-                last = traj.status != "infra_error" or attempt == cfg.rollout.max_retries
-                traj.metadata.update(worker=self.worker_id, assignment=item["assignment"], round=item["round"],
-                                     group=item["group"], attempt=attempt, last_attempt=last,
-                                     t_start=t_start, t_end=time.time())
-                store.write([traj])  # a failure here (disk) ends the worker: the driver reports it
-                self.episodes += 1
-                self.infra_errors += traj.status == "infra_error"
-                self.current = None
-                if last:
-                    break
+            self._route(item.get("route") or item)  # raises for an unreachable replica: the pool reports it
+            self.attempts = 0
+            run_with_retries(episode_fn, item["task"], ctx, cfg.rollout.max_retries, on_start=self._started,
+                             on_attempt=partial(self._store, store, item), stop=self._stop.is_set)
         return self.status()

@@ -1,7 +1,7 @@
 """Trajectories (harness.trace) -> padded [B, T] tensors, and token-budget micro-batches.
 
 One trajectory is one row, right-padded. The terminal reward sits on the row's last action token
-(sao.md section 3); a trajectory without action tokens is an empty row (it trains nothing).
+(docs/algorithm.md section 3.1); a trajectory without action tokens is an empty row (it trains nothing).
 Rejected with ValueError, naming the trajectory:
   - a trajectory without a reward (status infra_error, agent_error, stale ...): filter those out and
     count them before building a batch; they are never trained on as 0;
@@ -36,12 +36,12 @@ class TrajectoryBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def to(self, device: torch.device | str) -> "TrajectoryBatch":
+    def to(self, device: torch.device | str) -> TrajectoryBatch:
         """The same batch with its tensors on ``device`` (the model's)."""
         return TrajectoryBatch(**{f.name: getattr(self, f.name) if isinstance(getattr(self, f.name), list)
                                   else getattr(self, f.name).to(device) for f in fields(self)})
 
-    def select(self, rows: list[int]) -> "TrajectoryBatch":
+    def select(self, rows: list[int]) -> TrajectoryBatch:
         """The sub-batch of `rows`, with padding trimmed to its longest row."""
         index = torch.tensor(rows, dtype=torch.long)
         width = int(self.attention_mask[index].sum(1).max()) if rows else 0
@@ -121,3 +121,18 @@ def micro_batches(batch: TrajectoryBatch, max_tokens: int) -> list[list[int]]:
     if current:
         groups.append(current)
     return groups
+
+
+def minibatches(num_rows: int, n: int) -> list[list[int]]:
+    """Rows 0..num_rows-1 in `n` contiguous near-equal slices (the first num_rows % n one row longer);
+    empty slices are dropped (n > num_rows)."""
+    if n <= 0:
+        raise ValueError(f"n must be > 0, got {n}")
+    size, extra = divmod(num_rows, n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (i < extra)
+        if end > start:
+            out.append(list(range(start, end)))
+        start = end
+    return out

@@ -1,4 +1,4 @@
-"""`sao train`, `sao value-pretrain`, `sao runs plot RUN` (heavy imports happen in the handlers)."""
+"""`sao train`, `sao value-pretrain`, `sao sft`, `sao runs plot RUN` (heavy imports happen in the handlers)."""
 from __future__ import annotations
 
 import sys
@@ -14,15 +14,26 @@ def register(sub, add_config_args):
     add_config_args(p)
     p.set_defaults(func=cmd_value_pretrain)
 
+    p = sub.add_parser("sft", help="supervised warm start (TRL SFTTrainer) on the action tokens of stored "
+                                   "trajectories; writes a model directory for model.path")
+    add_config_args(p)
+    p.set_defaults(func=cmd_sft)
+
     p = sub.add_parser("runs", help="inspect run directories")
     rsub = p.add_subparsers(dest="runs_cmd", metavar="ACTION", required=True)
     plot = rsub.add_parser("plot", help="PNG curves of a run's metrics (into RUN/plots)")
     plot.add_argument("run", metavar="RUN", help="a run directory (holding metrics.jsonl)")
     plot.add_argument("--out", metavar="DIR", default=None, help="write the PNGs here instead of RUN/plots")
     plot.set_defaults(func=cmd_runs_plot)
+    compare = rsub.add_parser("compare", help="several runs' reward, explained variance and masked-fraction "
+                                              "curves side by side (PNG, HTML) and a summary table")
+    compare.add_argument("runs", metavar="RUN", nargs="+", help="run directories (each holding metrics.jsonl)")
+    compare.add_argument("--out", metavar="DIR", default=".", help="write compare.png and compare.html here")
+    compare.set_defaults(func=cmd_runs_compare)
 
 
 def cmd_train(args) -> int:
+    # lazy: keep `sao --help` fast (torch)
     from trainer.loop import LoopError, train
 
     try:
@@ -34,12 +45,28 @@ def cmd_train(args) -> int:
 
 
 def cmd_value_pretrain(args) -> int:
+    # lazy: keep `sao --help` fast
     from trainer.value_pretrain import cmd_value_pretrain as run
 
     return run(args)
 
 
+def cmd_sft(args) -> int:
+    # lazy: keep `sao --help` fast
+    from trainer.sft import cmd_sft as run
+
+    return run(args)
+
+
 def cmd_runs_plot(args) -> int:
+    # lazy: keep `sao --help` fast
     from trainer.plots import cmd_runs_plot as run
+
+    return run(args)
+
+
+def cmd_runs_compare(args) -> int:
+    # lazy: keep `sao --help` fast
+    from trainer.compare import cmd_runs_compare as run
 
     return run(args)

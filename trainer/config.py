@@ -1,102 +1,173 @@
-"""Config section for the trainer: every switch of sao.md sections 1-6.
+"""Config section for the trainer: every switch of the algorithm (docs/algorithm.md).
 
-Defaults follow sao.md; the tag says where a default comes from ([paper] or [choice]).
+Defaults follow docs/algorithm.md; the tag says where a default comes from ([paper] or [choice]).
 """
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from core.config import Section
 
 
-class TrainerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class TrainerConfig(Section):
+    """`sao train`: the loop, the advantage estimator, the policy loss, the critic and the optimisers."""
 
     # loop (used by the training loop, build step 7)
-    mode: Literal["async", "sync"] = "async"  # async: SAO single rollouts; sync: group barrier (GRPO)
-    batch_size: int = Field(128, gt=0)  # trajectories per policy step [paper]
-    group_size: int = Field(8, gt=0)  # sync mode: rollouts per task (G)
-    max_steps: int = Field(1000, gt=0)  # policy steps to run
-    max_staleness: int = Field(4, ge=0)  # in policy versions, from the oldest token; older are dropped and counted
-    save_every: int = Field(10, gt=0)  # checkpoint every N policy steps
+    mode: Literal["async", "sync"] = Field("async", description="async: SAO single rollouts; sync: a group "
+                                           "barrier per task (GRPO)")
+    batch_size: int = Field(128, gt=0, description="trajectories per policy step [paper]")
+    group_size: int = Field(8, gt=0, description="sync mode: rollouts per task (G)")
+    max_steps: int = Field(1000, gt=0, description="policy steps to run")
+    max_staleness: int = Field(4, ge=0, description="how many policy versions a trajectory's oldest token may lag "
+                               "behind; older trajectories are dropped and counted")
+    save_every: int = Field(10, gt=0, description="checkpoint every N policy steps")
 
     # estimator / loss switches
-    advantage: Literal["gae", "grpo", "running_mean"] = "gae"  # gae needs the critic; the others do not use it
-    policy_loss: Literal["dis", "ppo"] = "dis"  # dis: sao.md section 1; ppo: clipped surrogate vs pi_old
-    importance: Literal["none", "tis", "mis"] = "none"  # ppo only: correction pi_old / pi_rollout
-    tis_cap: float = Field(2.0, gt=0)  # TIS: weight = min(pi_old / pi_rollout, tis_cap)
-    mis_low: float = Field(0.5, ge=0)  # token-MIS / IcePop: keep tokens with mis_low <= ratio <= mis_high
-    mis_high: float = Field(2.0, gt=0)  # [choice: the window matching tis_cap]
-    skip_observations: bool = True  # True: observation-skipping GAE; False: GAE through observations (ablation)
-    gamma: float = Field(1.0, ge=0, le=1)  # discount [choice]
-    critic_lambda: float = Field(1.0, ge=0, le=1)  # lambda of the critic's targets [paper]
-    policy_lambda: Literal["adaptive"] | float = "adaptive"  # "adaptive": 1 - 1/(alpha * l); or a fixed value
-    lambda_alpha: float = Field(1.5, gt=0)  # alpha of the length-adaptive lambda [paper]
-    whiten_advantages: bool = True  # whiten over the batch's action tokens [choice]
-    grpo_eps: float = Field(1e-6, gt=0)  # GRPO: A = (R - mean) / (std + grpo_eps)
-    running_mean_window: int | None = Field(None, gt=0)  # None: 8 per task, 128 global (sao.md section 6)
-    running_mean_scope: Literal["task", "global"] = "task"  # window per task or one global window
+    advantage: Literal["gae", "grpo", "running_mean"] = Field("gae", description="advantage estimator: gae "
+                                                              "needs the critic; grpo and running_mean do not "
+                                                              "use it")
+    policy_loss: Literal["dis", "ppo"] = Field("dis", description="dis: direct double-sided importance sampling "
+                                               "(docs/algorithm.md); ppo: clipped surrogate against pi_old")
+    importance: Literal["none", "tis", "mis"] = Field("none", description="ppo only: correction of pi_old / "
+                                                      "pi_rollout (tis: truncated, mis: masked)")
+    tis_cap: float = Field(2.0, gt=0, description="TIS: weight = min(pi_old / pi_rollout, tis_cap)")
+    mis_low: float = Field(0.5, ge=0, description="token-MIS / IcePop: keep tokens with mis_low <= ratio <= "
+                           "mis_high")
+    mis_high: float = Field(2.0, gt=0, description="token-MIS / IcePop: upper end of the kept ratio window "
+                            "[choice: matches tis_cap]")
+    skip_observations: bool = Field(True, description="true: observation-skipping GAE; false: GAE through "
+                                    "observation tokens (ablation)")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount [choice]")
+    critic_lambda: float = Field(1.0, ge=0, le=1, description="GAE lambda of the critic's targets [paper]")
+    policy_lambda: Literal["adaptive"] | float = Field("adaptive", description="GAE lambda of the policy's "
+                                                       "advantages: `adaptive` = 1 - 1/(lambda_alpha * l) for "
+                                                       "an episode of l action tokens, or a fixed value in [0, 1]")
+    lambda_alpha: float = Field(1.5, gt=0, description="alpha of the length-adaptive lambda [paper]")
+    whiten_advantages: bool = Field(True, description="whiten advantages over the batch's action tokens "
+                                    "[choice]; gae and running_mean only (GRPO's are already normalised per group)")
+    grpo_eps: float = Field(1e-6, gt=0, description="GRPO: A = (R - mean) / (std + grpo_eps)")
+    running_mean_window: int | None = Field(None, gt=0, description="running_mean: how many recent rewards the "
+                                            "baseline averages; null = 8 per task, 128 global")
+    running_mean_scope: Literal["task", "global"] = Field("task", description="running_mean: one window per "
+                                                          "task, or one global window")
 
     # DIS / PPO windows
-    eps_low: float = Field(0.8, ge=0, le=1)  # DIS keeps ratios in (1 - eps_low, 1 + eps_high) [paper, coding]
-    eps_high: float = Field(3.0, ge=0)
-    dis_grad: Literal["score", "literal"] = "score"  # score: grad = m r A grad logp; literal: differentiate Eq. 1
-    dis_denominator: Literal["all", "kept"] = "all"  # N = all action tokens, or only the unmasked ones
-    ppo_clip_low: float = Field(0.2, ge=0, le=1)  # PPO clip-higher window (1 - low, 1 + high)
-    ppo_clip_high: float = Field(0.28, ge=0)
+    eps_low: float = Field(0.8, ge=0, le=1, description="DIS keeps ratios in (1 - eps_low, 1 + eps_high) "
+                           "[paper, coding]")
+    eps_high: float = Field(3.0, ge=0, description="DIS window upper side: ratios >= 1 + eps_high are masked "
+                            "[paper: 3.0]")
+    dis_grad: Literal["score", "literal"] = Field("score", description="score: grad = m r A grad logp; literal: "
+                                                  "differentiate the DIS objective as written")
+    dis_denominator: Literal["all", "kept"] = Field("all", description="DIS normaliser N: all action tokens, or "
+                                                    "only the unmasked ones")
+    ppo_clip_low: float = Field(0.2, ge=0, le=1, description="PPO clip-higher window (1 - low, 1 + high): lower "
+                                "epsilon")
+    ppo_clip_high: float = Field(0.28, ge=0, description="PPO clip-higher window: upper epsilon")
+    ppo_epochs: int = Field(1, gt=0, description="policy_loss=ppo: passes over the batch per update, each "
+                            "against pi_old (the policy before this update)")
+    minibatches: int = Field(1, gt=0, description="policy_loss=ppo: optimizer steps per epoch, each on a "
+                             "contiguous slice of the batch's trajectories (1 with ppo_epochs=1: one step, "
+                             "ratio 1, the clip never binds)")
 
-    # sampling of the rollout engine: the trainer recomputes logprobs of this same distribution
-    # The sampling distribution the logprobs are recomputed under. Left unset in a run config, they are
+    # The sampling distribution the trainer recomputes logprobs under. Left unset in a run config, they are
     # copied from `sampling.*` (harness.config); set to other values, it is a config error (r_t != 1 on-policy).
-    temperature: float = Field(1.0, gt=0)
-    top_k: int = Field(0, ge=0)  # 0 = off
-    top_p: float = Field(1.0, gt=0, le=1)  # 1 = off
+    temperature: float = Field(1.0, gt=0, description="temperature the trainer recomputes logprobs under "
+                               "(unset: sampling.temperature; must equal it)")
+    top_k: int = Field(0, ge=0, description="top-k the trainer recomputes logprobs under (unset: sampling.top_k; "
+                       "0 = off)")
+    top_p: float = Field(1.0, gt=0, le=1, description="top-p the trainer recomputes logprobs under (unset: "
+                         "sampling.top_p; 1 = off)")
 
     # critic
-    critic_steps: int = Field(2, ge=0)  # K critic optimizer steps per policy step [paper]
-    critic_freeze: Literal["none", "attention"] = "attention"  # attention: self_attn frozen [paper]
-    critic_freeze_norms: bool = True  # with critic_freeze=attention: freeze the RMS norms too [choice]
-    critic_freeze_router: bool = True  # with critic_freeze=attention: freeze the MoE router (mlp.gate) [choice]
-    critic_freeze_embeddings: bool = True  # with critic_freeze=attention: freeze the token embeddings [choice]
-    critic_warmup_steps: int = Field(10, ge=0)  # linear LR warm-up of the critic, in critic optimizer steps
-    critic_only_steps: int = Field(0, ge=0)  # updates that train only the critic before the first policy step
-    value_clip: float | None = Field(None, gt=0)  # clip V - V_old to +-value_clip in the value loss (None: off)
-    value_pretrain_checkpoint: str | None = None  # critic directory written by value pretraining (None: from policy)
+    critic_steps: int = Field(2, ge=0, description="K critic optimizer steps per policy step [paper]")
+    critic_freeze: Literal["none", "attention"] = Field("attention", description="attention: the critic's "
+                                                        "self_attn weights are frozen [paper]; none: all train")
+    critic_freeze_norms: bool = Field(True, description="with critic_freeze=attention: freeze the RMS norms too "
+                                      "[choice]")
+    critic_freeze_router: bool = Field(True, description="with critic_freeze=attention: freeze the MoE router "
+                                       "(mlp.gate) [choice]")
+    critic_freeze_embeddings: bool = Field(True, description="with critic_freeze=attention: freeze the token "
+                                           "embeddings [choice]")
+    critic_warmup_steps: int = Field(10, ge=0, description="linear LR warm-up of the critic, in critic optimizer "
+                                     "steps")
+    critic_only_steps: int = Field(0, ge=0, description="updates that train only the critic before the first "
+                                   "policy step (needs advantage=gae)")
+    value_clip: float | None = Field(None, gt=0, description="clip V - V_old to +-value_clip in the value loss; "
+                                     "null = off")
+    value_pretrain_checkpoint: str | None = Field(None, description="critic directory written by `sao "
+                                                  "value-pretrain`; null = the critic starts from the policy")
 
     # optimisation
-    lr: float = Field(1e-6, gt=0)  # policy AdamW learning rate [paper]
-    critic_lr: float = Field(5e-6, gt=0)  # critic AdamW learning rate [paper]
-    weight_decay: float = Field(0.0, ge=0)  # AdamW weight decay, both models
-    max_grad_norm: float = Field(1.0, gt=0)  # gradient-norm clip, both models
-    logprob_chunk: int = Field(1024, gt=0)  # positions per chunk for token logprobs and entropy
-    micro_batch_tokens: int = Field(32_768, gt=0)  # padded tokens per forward/backward micro-batch
-    gradient_checkpointing: bool = False  # transformers' activation checkpointing (long sequences)
+    lr: float = Field(1e-6, gt=0, description="policy AdamW learning rate [paper]")
+    critic_lr: float = Field(5e-6, gt=0, description="critic AdamW learning rate [paper]")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay, both models")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip, both models")
+    logprob_chunk: int = Field(1024, gt=0, description="positions per chunk for token logprobs and entropy")
+    micro_batch_tokens: int = Field(32_768, gt=0, description="padded tokens per forward/backward micro-batch")
+    gradient_checkpointing: bool = Field(False, description="transformers' activation checkpointing (long "
+                                         "sequences)")
+    device: str = Field("cpu", description="torch device of the policy and critic master weights and of "
+                        "every training pass (\"cpu\", \"cuda\", \"cuda:1\", ...); forward passes run in "
+                        "model.dtype under autocast")
 
     # the loop (sao train)
-    env: Literal["swe", "simulated"] = "swe"  # swe: OpenHands episodes in Docker; simulated: a sleeping env (bench)
-    ray_address: str | None = None  # None: start a local Ray; else the address of a cluster
-    keep_checkpoints: int = Field(3, gt=0)  # checkpoints kept in <run>/checkpoints
+    env: Literal["swe", "simulated", "toy"] = Field("swe", description="swe: OpenHands episodes in Docker; "
+                                                    "simulated: a sleeping env (bench); toy: the toy env")
+    ray_address: str | None = Field(None, description="address of a Ray cluster; null = start a local Ray")
+    world_size: int = Field(1, gt=0, description="data-parallel trainer processes (FSDP2, trainer.distributed): "
+                            "gloo on CPU, NCCL on GPU; Ray places them over the cluster's nodes")
+    weight_sync: Literal["auto", "object_store", "collective"] = Field(
+        "auto", description="how published weights reach the engine replicas: object_store (a state dict through "
+        "Ray's object store), collective (a torch.distributed broadcast, trainer -> every replica: gloo on CPU, "
+        "NCCL on GPU); auto = collective for vllm, object_store otherwise")
+    weight_bucket_mb: float = Field(256.0, gt=0, description="collective: megabytes per broadcast bucket")
+    weight_sync_host: str | None = Field(None, description="collective: the trainer's address the replicas "
+                                         "connect to; null = the driver's Ray node address (127.0.0.1 locally)")
+    keep_checkpoints: int = Field(3, gt=0, description="checkpoints kept in `<run>/checkpoints`")
     # waits of the loop: each one that runs out is an error naming what it waited for (no hangs)
-    poll_interval_s: float = Field(0.2, gt=0)  # how often the trainer looks for new trace shards
-    batch_timeout_s: float = Field(1800.0, gt=0)  # waiting for a batch with no new trajectory for this long: error
-    publish_timeout_s: float = Field(300.0, gt=0)  # a weight update the engine has not applied within this: error
-    actor_timeout_s: float = Field(600.0, gt=0)  # starting the engine / workers, stopping them, other actor calls
+    poll_interval_s: float = Field(0.2, gt=0, description="seconds between the trainer's looks for new trace "
+                                   "shards")
+    batch_timeout_s: float = Field(1800.0, gt=0, description="seconds without a new trajectory while filling a "
+                                   "batch, then an error")
+    publish_timeout_s: float = Field(300.0, gt=0, description="seconds for the engine to apply a weight update, "
+                                     "then an error")
+    actor_timeout_s: float = Field(600.0, gt=0, description="seconds for other actor calls: starting and "
+                                   "stopping the engine and the workers")
+    # env=toy (trainer.toy, the learning test-bed): reward = fraction of turns starting with the named parity
+    toy_turns: int = Field(3, gt=0, description="toy env: turns per episode (the reward needs every one of them)")
+    toy_target: Literal["episode", "turn", "even"] = Field(
+        "episode", description="toy env: the parity the observations name: drawn once per episode, once per "
+        "turn, or always even")
+    toy_repeat: int = Field(8, gt=0, description="toy env: times each observation repeats the parity word")
+    toy_stakes: float = Field(0.0, ge=0, lt=1, description="toy env: per-episode stake named in the first "
+                              "message, low or high: the reward is scaled by 1 - toy_stakes or 1 + toy_stakes "
+                              "(0 = off)")
     # env=simulated (tests, bench): real generations through the proxy, synthetic observations, sleeps
-    sim_turns_median: float = Field(4.0, gt=0)  # turns per episode ~ LogNormal(log(median), sigma), in [1, max]
-    sim_turns_sigma: float = Field(0.0, ge=0)  # 0: every episode has `median` turns
-    sim_turns_max: int = Field(16, gt=0)
-    sim_env_sleep_s: float = Field(0.02, ge=0)  # the environment's time per turn (the "tool execution")
-    sim_infra_error_rate: float = Field(0.0, ge=0, le=1)  # fraction of episodes that end as injected infra_error
-    sim_engine_s: float | None = Field(None, gt=0)  # None: the configured engine generates; a number: a stand-in
-    #                                               engine that sleeps this long per turn (bench: the pipeline, not the model)
+    sim_turns_median: float = Field(4.0, gt=0, description="simulated env: turns per episode ~ "
+                                    "LogNormal(log(median), sigma), clipped to [1, sim_turns_max]")
+    sim_turns_sigma: float = Field(0.0, ge=0, description="simulated env: sigma of the turn count (0 = every "
+                                   "episode has sim_turns_median turns)")
+    sim_turns_max: int = Field(16, gt=0, description="simulated env: longest episode, in turns")
+    sim_env_sleep_s: float = Field(0.02, ge=0, description="simulated env: the environment's seconds per turn "
+                                   '(the "tool execution")')
+    sim_infra_error_rate: float = Field(0.0, ge=0, le=1, description="simulated env: fraction of episodes that "
+                                        "end as an injected infra_error")
+    sim_engine_s: float | None = Field(None, gt=0, description="simulated env: null = the configured engine "
+                                       "generates; a number = a stand-in engine that sleeps this many seconds "
+                                       "per turn (bench: the pipeline, not the model)")
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> "TrainerConfig":
+    def _check_combinations(self) -> TrainerConfig:
         if self.policy_loss == "dis" and self.importance != "none":
             raise ValueError("importance must be 'none' with policy_loss='dis': DIS already weights by "
                              "pi_theta / pi_rollout; TIS / MIS correct the PPO ratio against pi_old")
         if self.critic_only_steps and self.advantage != "gae":
             raise ValueError(f"critic_only_steps needs advantage='gae' (advantage={self.advantage!r} trains no critic)")
+        if self.policy_loss != "ppo" and self.ppo_epochs * self.minibatches > 1:
+            raise ValueError("ppo_epochs / minibatches > 1 need policy_loss='ppo' (DIS makes one step per "
+                             "batch against the rollout logprobs)")
         if self.mis_low > self.mis_high:
             raise ValueError(f"mis_low ({self.mis_low}) must be <= mis_high ({self.mis_high})")
         if isinstance(self.policy_lambda, float) and not 0.0 <= self.policy_lambda <= 1.0:
@@ -111,17 +182,45 @@ class TrainerConfig(BaseModel):
         return 8 if self.running_mean_scope == "task" else 128
 
 
-class ValuePretrainConfig(BaseModel):
+class ValuePretrainConfig(Section):
     """`sao value-pretrain`: regress the critic on Monte-Carlo returns of stored trajectories."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    traces: list[str] = Field([], description="trace stores (run dirs, traces dirs or shards); empty = "
+                              "`<run>/traces`")
+    max_steps: int = Field(200, gt=0, description="critic steps at most")
+    batch_size: int = Field(16, gt=0, description="trajectories per critic step")
+    lr: float = Field(5e-6, gt=0, description="critic AdamW learning rate (constant; weight decay and grad clip "
+                      "from trainer.*)")
+    patience: int = Field(20, gt=0, description="stop when neither the value loss nor the explained variance "
+                          "improved for this many steps")
+    min_delta: float = Field(1e-3, ge=0, description="the smallest change that counts as an improvement")
+    smoothing: float = Field(0.9, ge=0, lt=1, description="the plateau test runs on an EMA of the per-batch "
+                             "metrics with this decay (0 = raw)")
+    eval_trajectories: int = Field(64, ge=0, description="fixed sample of the corpus scored before and after "
+                                   "(0 = off)")
+    device: str = Field("cpu", description='torch device of the critic ("cpu", "cuda", "cuda:1", ...)')
 
-    traces: list[str] = []  # trace stores (run dirs / traces dirs / shards); empty = <run>/traces
-    max_steps: int = Field(200, gt=0)  # step budget
-    batch_size: int = Field(16, gt=0)  # trajectories per critic step
-    lr: float = Field(5e-6, gt=0)  # critic AdamW learning rate (constant; weight decay / grad clip from trainer.*)
-    patience: int = Field(20, gt=0)  # stop when neither value loss nor explained variance improved for this many steps
-    min_delta: float = Field(1e-3, ge=0)  # what counts as an improvement
-    smoothing: float = Field(0.9, ge=0, lt=1)  # the plateau test runs on an EMA of the per-batch metrics (0 = raw)
-    eval_trajectories: int = Field(64, ge=0)  # fixed sample of the corpus scored before and after (0 = off)
-    device: str = "cpu"  # torch device of the critic ("cpu", "cuda", "cuda:1", ...)
+
+class SFTConfig(Section):
+    """`sao sft`: supervised warm start (TRL SFTTrainer) on the action tokens of stored trajectories."""
+
+    traces: list[str] = Field([], description="trace stores (run dirs, traces dirs or shards); empty = "
+                              "`<run>/traces`")
+    select: Literal["resolved", "positive", "all"] = Field("resolved", description="which trajectories to imitate: "
+                                                           "resolved = status ok and reward 1; positive = reward > "
+                                                           "0; all = every one with an action token")
+    out_dir: str | None = Field(None, description="where the model directory (model + tokenizer) is written; "
+                                "null = `<run>/sft/model`")
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate, linear decay to 0 [choice]")
+    epochs: float = Field(3.0, gt=0, description="passes over the examples (unless max_steps is set)")
+    batch_size: int = Field(1, gt=0, description="examples (token sequences) per micro-batch, padded to the longest")
+    grad_accum: int = Field(1, gt=0, description="micro-batches per optimizer step")
+    max_steps: int | None = Field(None, gt=0, description="optimizer steps; null = epochs decide")
+    max_length: int | None = Field(None, gt=0, description="tokens per example at most (cut at the end); null = "
+                                   "the longest example; cutting off all of an example's actions is an error")
+    router_aux_loss_coef: float = Field(0.0, ge=0, description="MoE load-balancing loss weight (0 = off, as in "
+                                        "`sao train`); the saved config keeps the input model's either way")
+    gradient_checkpointing: bool = Field(False, description="transformers' activation checkpointing (long "
+                                         "sequences)")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu, or cuda (the visible GPU; bf16 mixed "
+                                           "precision where supported)")

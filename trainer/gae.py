@@ -1,4 +1,4 @@
-"""Generalised advantage estimation for agent trajectories (sao.md section 3).
+"""Generalised advantage estimation for agent trajectories (docs/algorithm.md section 3).
 
 Observation-skipping GAE indexes only the action tokens k = 1..K of a trajectory, concatenated over
 turns, with V_k the critic's value at action token k:
@@ -15,6 +15,7 @@ With a constant discount c = gamma * lambda per row, A is a discounted reverse c
 delta, A_k = sum_{j>=k} c^(j-k) delta_j; `discounted_reverse_cumsum` runs the recursion as a
 two-level scan (inside blocks of ~sqrt(K) positions, then across blocks), vectorised over rows and
 blocks, so K = 32k tokens cost ~2 * 180 small batched steps, not 32k. All in fp32.
+`gae_reference` is the same estimator as a plain per-token loop, to read and to test against.
 """
 from __future__ import annotations
 
@@ -37,6 +38,26 @@ def length_adaptive_lambda(num_action_tokens, alpha: float = 1.5) -> torch.Tenso
         raise ValueError("num_action_tokens must be >= 0")
     lam = 1.0 - 1.0 / (alpha * lengths.clamp(min=1.0))
     return torch.where(lengths > 0, lam, torch.zeros_like(lam)).clamp(0.0, 1.0)
+
+
+def gae_reference(values, rewards, mask, gamma: float, lam: float) -> tuple[list[float], list[float]]:
+    """The readable definition (docs/algorithm.md section 3), one row of plain Python floats.
+
+    Walk backwards, remembering the value and advantage of the next masked position, so unmasked
+    positions (observations, padding) are skipped, not discounted through. -> (advantages, returns),
+    0 outside mask. The fast functions below must agree with it (tests/test_gae.py).
+    """
+    n = len(values)
+    adv, ret = [0.0] * n, [0.0] * n
+    next_value, next_adv = 0.0, 0.0  # V_{K+1} = 0, A_{K+1} = 0
+    for t in reversed(range(n)):
+        if not mask[t]:
+            continue
+        delta = rewards[t] + gamma * next_value - values[t]
+        adv[t] = delta + gamma * lam * next_adv
+        ret[t] = adv[t] + values[t]
+        next_value, next_adv = values[t], adv[t]
+    return adv, ret
 
 
 def _reverse_scan(steps: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -139,7 +160,8 @@ def _compacted_gae(values, rewards, mask, mask_name, gamma, lam):
 
 def skip_observation_gae(values: torch.Tensor, rewards: torch.Tensor, action_mask: torch.Tensor,
                          gamma: float = 1.0, lam=1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Observation-skipping token-level GAE (sao.md Eq. 4-5) -> (advantages, returns), fp32 [B, T].
+    """Observation-skipping token-level GAE (docs/algorithm.md section 3, Eq. 4-5)
+    -> (advantages, returns), fp32 [B, T].
 
     values, rewards: [B, T]; action_mask: bool [B, T]; lam: float or tensor [B] (one per row).
     The recursion runs over action tokens only, bridging from the last token of an action segment to

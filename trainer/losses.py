@@ -1,4 +1,4 @@
-"""Policy and value losses, advantage baselines and importance weights (sao.md sections 1, 4, 6).
+"""Policy and value losses, advantage baselines and importance weights (docs/algorithm.md sections 1, 4, 6).
 
 Conventions: per-token tensors are [B, T]; `action_mask` (bool) marks the trained tokens and every
 reduction runs over it only, so whatever sits at observation or padding positions (logp, rollout
@@ -30,14 +30,14 @@ def _clean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask & torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-# --- DIS (sao.md section 1) ---------------------------------------------------------------------
+# --- DIS (docs/algorithm.md section 1) -----------------------------------------------------------
 
 def dis_policy_loss(logp: torch.Tensor, logp_rollout: torch.Tensor, advantages: torch.Tensor,
                     action_mask: torch.Tensor, eps_low: float, eps_high: float,
                     grad: Literal["score", "literal"] = "score",
                     denominator: Literal["all", "kept"] = "all",
                     normalizer: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """Direct double-sided importance sampling, sao.md Eq. 1-3.
+    """Direct double-sided importance sampling, docs/algorithm.md section 1 (Eq. 1-3).
 
         r_t = exp(logp_t - logp_rollout_t)
         m_t = 1[log(1 - eps_low) < log r_t < log(1 + eps_high)]     (open interval, both sides,
@@ -198,7 +198,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, action_mask:
     return (1.0 - (g - v).var(unbiased=False) / var_g).item()
 
 
-# --- baselines without a critic (sao.md section 6) ----------------------------------------------
+# --- baselines without a critic (docs/algorithm.md section 6) ------------------------------------
 
 def grpo_advantages(rewards: torch.Tensor, group_ids, eps: float = 1e-6) -> torch.Tensor:
     """GRPO: A_i = (R_i - mean_G R) / (std_G R + eps) over the group G of trajectory i.

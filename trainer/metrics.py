@@ -10,6 +10,9 @@ Contract of the JSONL file (the durable record; TensorBoard is a view of it):
 - ``read_metrics`` skips torn / unparsable lines, and a step logged again (a run resumed from an
   older checkpoint) supersedes the records at and after it: the result has increasing steps. One
   record per step. TensorBoard does the same (``purge_step`` at the first step a resumed logger logs).
+
+Names: every metric is ``<family>/<name>``, the family one of ``FAMILIES`` (TensorBoard groups the
+scalars by it, `sao runs plot` draws one figure per family); docs/algorithm.md section 7 lists them.
 """
 from __future__ import annotations
 
@@ -23,10 +26,29 @@ from pathlib import Path
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
 RESERVED = ("step", "time")
+# the families, in display order
+FAMILIES = {
+    "loss": "the losses the two optimizers minimise",
+    "critic": "the value function: explained variance, values, returns, gradient norm, learning rate",
+    "policy": "the policy step: ratios, DIS masking / PPO clipping, entropy, advantages, gradient norm",
+    "rollout": "the trajectories behind a step: reward, turns, tokens, truncation, infra errors, staleness",
+    "perf": "throughput and utilisation: trajectories per hour, tokens per second, idle fractions",
+    "time": "seconds per phase of a step (and progress counters)",
+}
+# the console line's metrics (those a step logged), with their format
+CONSOLE = {"policy/version": ".0f", "rollout/reward_mean": ".3f", "critic/explained_variance": ".3f",
+           "policy/dis_masked": ".2%", "policy/clip_frac": ".2%", "rollout/staleness_mean": ".2f",
+           "perf/trajectories_per_hour": ".1f", "perf/engine_idle_frac": ".0%"}
+
+
+def family(key: str) -> str | None:
+    """The family of a metric name (``"critic/grad_norm"`` -> ``"critic"``), None if it has none."""
+    head, sep, _ = key.partition("/")
+    return head if sep and head in FAMILIES else None
 
 
 class MetricsLogger:
-    """``MetricsLogger(run_dir).log(step, {"reward_mean": 0.5, ...})``; ``close()`` at the end."""
+    """``MetricsLogger(run_dir).log(step, {"rollout/reward_mean": 0.5, ...})``; ``close()`` at the end."""
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = True):
         self.run_dir = Path(run_dir)
@@ -58,7 +80,8 @@ class MetricsLogger:
         self._file.flush()
         os.fsync(self._file.fileno())
         if self.tensorboard and self._tb is None:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy and optional
+
             tb_dir = self.run_dir / TB_DIR
             resumed = tb_dir.is_dir() and any(tb_dir.glob("events.out.tfevents.*"))
             # purge_step: TensorBoard hides the earlier files' events at steps >= the first one logged now
@@ -79,7 +102,7 @@ class MetricsLogger:
             self._tb = None
         self.tensorboard = False
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -116,22 +139,12 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return records
 
 
-def _fmt(metrics: dict, key: str, spec: str = ".3f") -> str:
-    value = metrics.get(key)
-    if value is None or not math.isfinite(value):
-        return "-"
-    return format(value, spec)
-
-
-def progress_line(step: int, version: int, queue_depth: int, metrics: dict[str, float],
-                  traj_per_hour: float) -> str:
-    """One line for the console: step, policy version, queue depth, reward, DIS masked fraction
-    (low + high, from dis_policy_loss's metrics), explained variance, trajectories per hour."""
-    low, high = metrics.get("dis_masked_low_frac"), metrics.get("dis_masked_high_frac")
-    if low is None or high is None:
-        masked = "-"
-    else:
-        masked = f"{100 * (low + high):.2f}% (low {100 * low:.2f}%, high {100 * high:.2f}%)"
-    tph = f"{traj_per_hour:.1f}" if traj_per_hour is not None and math.isfinite(traj_per_hour) else "-"
-    return (f"step {step} | version {version} | queue {queue_depth} | reward {_fmt(metrics, 'reward_mean')} | "
-            f"masked {masked} | EV {_fmt(metrics, 'explained_variance')} | {tph} traj/h")
+def progress_line(step: int, metrics: dict[str, float]) -> str:
+    """One compact console line: the step and the ``CONSOLE`` metrics it logged ("-": nan / inf), e.g.
+    ``step 12 | rollout/reward_mean 0.530 | critic/explained_variance 0.210 | policy/dis_masked 0.60% | ...``."""
+    parts = [f"step {step}"]
+    for key, spec in CONSOLE.items():
+        if key in metrics:
+            value = metrics[key]
+            parts.append(f"{key} {format(value, spec) if value is not None and math.isfinite(value) else '-'}")
+    return " | ".join(parts)

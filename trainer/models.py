@@ -1,4 +1,4 @@
-"""Policy logprobs in chunks, the critic, and parameter freezing (sao.md sections 4 and 8).
+"""Policy logprobs in chunks, the critic, and parameter freezing (docs/algorithm.md sections 4, 8).
 
 Token alignment: the logprob and the value of token t are read at position t-1, the position that
 predicts it. Both come back as [B, T] tensors aligned with input_ids; position 0 has no predictor,
@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_model, save_model
 from torch import nn
 
 from harness.engines.sampling import filter_logits_
@@ -150,9 +151,12 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"hidden must be [N, H] and targets [N], got {tuple(hidden.shape)} and {tuple(targets.shape)}")
     # logits in fp32: a bf16 logit is too coarse for a logprob ratio (the casts are differentiable)
-    weight = weight.float()
-    bias = None if bias is None else bias.float()
-    return _ChunkedLogprobs.apply(hidden.float(), weight, bias, targets, float(temperature), top_k, top_p, chunk_size)
+    # autocast off: under the trainer's bf16 autocast the matmuls would otherwise run in bf16
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        weight = weight.float()
+        bias = None if bias is None else bias.float()
+        return _ChunkedLogprobs.apply(hidden.float(), weight, bias, targets, float(temperature), top_k, top_p,
+                                      chunk_size)
 
 
 def policy_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -194,14 +198,14 @@ class Critic(nn.Module):
         nn.init.zeros_(self.value_head.bias)
 
     @classmethod
-    def from_policy(cls, policy: nn.Module) -> "Critic":
+    def from_policy(cls, policy: nn.Module) -> Critic:
         """A critic initialised from an in-memory policy (a copy of its base model)."""
         return cls(copy.deepcopy(policy.base_model))
 
     @classmethod
-    def from_pretrained(cls, path: str, **kwargs) -> "Critic":
+    def from_pretrained(cls, path: str, **kwargs) -> Critic:
         """A critic initialised from the policy checkpoint at `path` (the base model only)."""
-        from transformers import AutoModel
+        from transformers import AutoModel  # lazy: heavy
         return cls(AutoModel.from_pretrained(path, **kwargs))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -209,13 +213,13 @@ class Critic(nn.Module):
         if attention_mask is not None:
             attention_mask = attention_mask.long()
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        values = self.value_head(hidden[:, :-1].float()).squeeze(-1)
+        with torch.autocast(device_type=hidden.device.type, enabled=False):  # the value head runs in fp32
+            values = self.value_head(hidden[:, :-1].float()).squeeze(-1)
         return torch.nn.functional.pad(values, (1, 0))
 
 
 def save_critic(critic: Critic, directory: str | Path) -> Path:
     """Write the backbone's config.json and all critic weights to critic.safetensors."""
-    from safetensors.torch import save_model
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     critic.backbone.config.save_pretrained(directory)
@@ -224,13 +228,13 @@ def save_critic(critic: Critic, directory: str | Path) -> Path:
 
 
 def load_critic(directory: str | Path) -> Critic:
-    """Rebuild a critic saved by save_critic (architecture from config.json, weights from safetensors)."""
-    from safetensors.torch import load_model
-    from transformers import AutoConfig, AutoModel
+    """Rebuild a critic saved by save_critic (architecture from config.json, weights from safetensors).
+    Built in fp32, so saved fp32 master weights load exactly (config.json's dtype would round them)."""
+    from transformers import AutoConfig, AutoModel  # lazy: heavy
     directory = Path(directory)
     if not (directory / CRITIC_WEIGHTS).is_file():
         raise ValueError(f"directory {directory} holds no {CRITIC_WEIGHTS}")
-    critic = Critic(AutoModel.from_config(AutoConfig.from_pretrained(directory)))
+    critic = Critic(AutoModel.from_config(AutoConfig.from_pretrained(directory), dtype=torch.float32))
     load_model(critic, str(directory / CRITIC_WEIGHTS))
     return critic
 

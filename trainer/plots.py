@@ -1,8 +1,10 @@
-"""`sao runs plot RUN [--out DIR]`: PNG curves of a run's metrics.jsonl (matplotlib, Agg backend).
+"""`sao runs plot RUN [--out DIR]`: PNG curves of a run's metrics.jsonl, one figure per metric family.
 
-Writes into ``<run>/plots/`` (or ``--out``) one PNG per panel that has data, plus ``overview.png``
-with every panel (a panel without data says so). A run with value pretraining
-(``<run>/value_pretrain/metrics.jsonl``) also gets ``value_pretrain.png``. Prints the paths written.
+Writes into ``<run>/plots/`` (or ``--out``) ``<family>.png`` for each family of trainer.metrics.FAMILIES
+that has data (one panel per metric of the family; a family without data gets a note), and
+``overview.png``: the key metrics (the console line's, trainer.metrics.CONSOLE). A run with value
+pretraining (``<run>/value_pretrain/metrics.jsonl``) also gets ``value_pretrain.png`` (its loss/ and
+critic/ metrics). Prints the paths written.
 """
 from __future__ import annotations
 
@@ -10,24 +12,9 @@ import math
 from pathlib import Path
 
 from core.errors import UserError
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer.metrics import CONSOLE, FAMILIES, METRICS_FILE, family, read_metrics
 
-# (file stem, title, y label, [(metric key, legend label)], scale applied to the values)
-PANELS = [
-    ("reward", "Reward", "mean reward", [("reward_mean", "reward (batch mean)")], 1.0),
-    ("explained_variance", "Explained variance", "1 - Var(G - V) / Var(G)",
-     [("explained_variance", "explained variance")], 1.0),
-    ("masked_fraction", "DIS masked fraction", "% of action tokens",
-     [("dis_masked_low_frac", "low side (r <= 1 - eps_low)"), ("dis_masked_high_frac", "high side (r >= 1 + eps_high)")],
-     100.0),
-    ("critic_grad_norm", "Critic gradient norm", "grad norm (before clipping)", [("critic_grad_norm", "critic")], 1.0),
-    ("staleness", "Staleness (policy-version lag)", "versions",
-     [("version_lag_mean", "per action token, mean"), ("version_lag_max", "per action token, max"),
-      ("staleness_mean", "per trajectory (oldest token), mean"), ("staleness_max", "per trajectory, max")], 1.0),
-    ("value_loss", "Value loss", "0.5 (V - G)^2", [("value_loss", "value loss")], 1.0),
-]
-VALUE_PRETRAIN_PANELS = [next(p for p in PANELS if p[0] == stem)
-                         for stem in ("value_loss", "explained_variance", "critic_grad_norm")]
+MAX_COLS = 4
 
 
 def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -45,44 +32,36 @@ def _moving_average(y: list[float], window: int) -> list[float]:
     return out
 
 
-def _draw(ax, records: list[dict], panel) -> bool:
-    """Draw one panel on `ax`; return False (and draw a 'no data' note) when none of its metrics has data."""
-    _, title, ylabel, keys, scale = panel
-    ax.set_title(title)
-    drawn = False
-    for key, label in keys:
-        x, y = _series(records, key)
-        if not x:
-            continue
-        y = [v * scale for v in y]
-        if len(x) >= 20:  # noisy per-step values: raw faintly, a moving average on top
-            line, = ax.plot(x, y, alpha=0.3, linewidth=0.8)
-            ax.plot(x, _moving_average(y, max(5, len(x) // 20)), color=line.get_color(), linewidth=1.6,
-                    label=f"{label} (moving avg)")
-        else:
-            ax.plot(x, y, marker="o", markersize=3, linewidth=1.4, label=label)
-        drawn = True
-    if drawn:
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+def family_keys(records: list[dict], families=tuple(FAMILIES)) -> dict[str, list[str]]:
+    """{family: its metric names with at least one finite value, sorted}, for the families with data."""
+    keys = sorted({k for r in records for k, v in r.items()
+                   if family(k) in families and isinstance(v, (int, float)) and math.isfinite(v)})
+    return {f: [k for k in keys if family(k) == f] for f in families if any(family(k) == f for k in keys)}
+
+
+def _draw(ax, records: list[dict], key: str, title: str) -> None:
+    """One metric's curve on `ax`: raw points, or (20 steps or more) raw faintly and a moving average."""
+    x, y = _series(records, key)
+    ax.set_title(title, fontsize=10)
+    if len(x) >= 20:  # noisy per-step values
+        line, = ax.plot(x, y, alpha=0.3, linewidth=0.8)
+        ax.plot(x, _moving_average(y, max(5, len(x) // 20)), color=line.get_color(), linewidth=1.6)
     else:
-        ax.text(0.5, 0.5, f"no data\n({', '.join(k for k, _ in keys)} never logged)", ha="center",
-                va="center", transform=ax.transAxes, fontsize=10, color="0.4")
-        ax.set_xticks([])
-        ax.set_yticks([])
-    return drawn
+        ax.plot(x, y, marker="o", markersize=3, linewidth=1.4)
+    ax.set_xlabel("step", fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
 
 
-def _grid(records: list[dict], panels, title: str, path: Path) -> None:
-    import matplotlib.pyplot as plt
-    cols = min(3, len(panels))
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
-    for ax, panel in zip(axes.flat, panels):
-        _draw(ax, records, panel)
-    for ax in list(axes.flat)[len(panels):]:
+def _grid(records: list[dict], keys: list[str], title: str, path: Path, short: bool) -> None:
+    """One figure, a panel per metric (titled without its family when `short`), saved to `path`."""
+    import matplotlib.pyplot as plt  # lazy: heavy, only for the figures
+    cols = min(MAX_COLS, len(keys))
+    rows = -(-len(keys) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        _draw(ax, records, key, key.partition("/")[2] if short else key)
+    for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
     fig.suptitle(title)
     fig.tight_layout()
@@ -92,9 +71,8 @@ def _grid(records: list[dict], panels, title: str, path: Path) -> None:
 
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write the run's curves as PNGs; return their paths. UserError for a directory without metrics."""
-    import matplotlib
+    import matplotlib  # lazy: heavy, only for the figures
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     run = Path(run_dir)
     if not run.is_dir():
@@ -111,24 +89,23 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         raise UserError(f"cannot create the plot directory {out}: {e.strerror}") from None
     written: list[Path] = []
     if records:
-        for panel in PANELS:
-            stem, keys = panel[0], [k for k, _ in panel[3]]
-            if not any(_series(records, k)[0] for k in keys):
-                print(f"note: no data for {stem} ({', '.join(keys)} never logged): skipped")
+        by_family = family_keys(records)
+        for fam in FAMILIES:
+            if fam not in by_family:
+                print(f"note: no data for {fam}/ (no {fam}/* metric logged): skipped")
                 continue
-            fig, ax = plt.subplots(figsize=(6.4, 4.0))
-            _draw(ax, records, panel)
-            fig.tight_layout()
-            path = out / f"{stem}.png"
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
+            path = out / f"{fam}.png"
+            _grid(records, by_family[fam], f"{run.name}: {fam}/ ({len(records)} steps)", path, short=True)
             written.append(path)
-        path = out / "overview.png"
-        _grid(records, PANELS, f"{run.name}: {len(records)} steps", path)
-        written.append(path)
-    if pretrain:
+        key_metrics = [k for k in CONSOLE if _series(records, k)[0]]
+        if key_metrics:
+            path = out / "overview.png"
+            _grid(records, key_metrics, f"{run.name}: {len(records)} steps", path, short=False)
+            written.append(path)
+    pretrain_keys = [k for keys in family_keys(pretrain, ("loss", "critic")).values() for k in keys]
+    if pretrain_keys:
         path = out / "value_pretrain.png"
-        _grid(pretrain, VALUE_PRETRAIN_PANELS, f"{run.name}: value pretraining, {len(pretrain)} steps", path)
+        _grid(pretrain, pretrain_keys, f"{run.name}: value pretraining, {len(pretrain)} steps", path, short=False)
         written.append(path)
     return written
 

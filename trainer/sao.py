@@ -4,9 +4,19 @@
     V          = critic(batch)                                      no grad, micro-batched
     A          = GAE(V, r; lambda_p)   (policy_lambda, per row)     or GRPO / running mean
     G          = GAE(V, r; lambda_c) + V                            the critic's targets
-    A          = whiten(A) over action tokens                       (switch)
-    K times:   critic step on 0.5 (V - G)^2                         token mean over action tokens
-    once:      policy step on the DIS (or PPO) loss                 token mean over action tokens
+    A          = whiten(A) over action tokens                       (switch; never for GRPO, already
+                                                                     normalised per group)
+    K times:   critic step on 0.5 (V - G)^2                         token mean over the value tokens
+    once:      policy step on the DIS loss                          token mean over action tokens
+    (or PPO:   ppo_epochs x minibatches steps on the clipped loss against pi_old, the policy before
+               this update)
+
+Value tokens: the positions whose V the advantages use, so every value used is trained: the action
+tokens (observation-skipping GAE), or every real token but the first (GAE through observations).
+
+Precision and device (trainer.precision): the policy and critic become fp32 master weights on
+`trainer.device`; every forward runs under autocast in the dtype the modules were loaded in (the
+model dtype), every pass in train mode so activation checkpointing is active.
 
 Micro-batches: rows are grouped so each forward holds at most `micro_batch_tokens` padded tokens;
 each micro-batch's loss is a *sum* over its tokens, gradients accumulate, and are divided by the
@@ -23,12 +33,33 @@ import torch
 from torch import nn
 
 from harness.trace import Trajectory
-from trainer.batch import TrajectoryBatch, build_batch, micro_batches
+from trainer.batch import TrajectoryBatch, build_batch, micro_batches, minibatches
 from trainer.config import TrainerConfig
 from trainer.gae import length_adaptive_lambda, skip_observation_gae, token_gae
-from trainer.losses import (RunningMeanBaseline, dis_policy_loss, explained_variance, grpo_advantages,
-                            mis_weights, ppo_policy_loss, tis_weights, value_loss, whiten_advantages)
-from trainer.models import Critic, critic_freeze_patterns, freeze_parameters, policy_token_logprobs
+from trainer.losses import (
+    RunningMeanBaseline,
+    dis_policy_loss,
+    explained_variance,
+    grpo_advantages,
+    mis_weights,
+    ppo_policy_loss,
+    tis_weights,
+    value_loss,
+    whiten_advantages,
+)
+from trainer.models import (
+    Critic,
+    critic_freeze_patterns,
+    freeze_parameters,
+    policy_token_logprobs,
+)
+from trainer.precision import (
+    autocast,
+    enable_activation_checkpointing,
+    model_dtype,
+    to_master_weights,
+    train_mode,
+)
 
 
 def _rows(x: torch.Tensor, mb: TrajectoryBatch, rows: list[int]) -> torch.Tensor:
@@ -36,9 +67,20 @@ def _rows(x: torch.Tensor, mb: TrajectoryBatch, rows: list[int]) -> torch.Tensor
     return x[torch.tensor(rows, dtype=torch.long), :mb.input_ids.shape[1]].to(mb.input_ids.device)
 
 
+def value_mask(batch: TrajectoryBatch, config: TrainerConfig) -> torch.Tensor:
+    """The tokens whose values the advantages use (and the critic trains on): the action tokens with
+    observation-skipping GAE; every real token but position 0 (V = 0 there, no predictor) without."""
+    if config.skip_observations:
+        return batch.action_mask
+    mask = batch.attention_mask.clone()
+    mask[:, 0] = False
+    return mask
+
+
 def compute_advantages(batch: TrajectoryBatch, values: torch.Tensor | None, config: TrainerConfig,
                        baseline: RunningMeanBaseline | None = None):
-    """-> (advantages [B, T] before whitening, returns [B, T] or None), 0 off action tokens."""
+    """-> (advantages [B, T] before whitening, 0 off action tokens; returns [B, T], 0 off the value
+    tokens, or None)."""
     mask = batch.action_mask
     if config.advantage == "gae":
         if values is None:
@@ -54,7 +96,7 @@ def compute_advantages(batch: TrajectoryBatch, values: torch.Tensor | None, conf
             def gae(lam):
                 return token_gae(values, batch.rewards, batch.attention_mask, config.gamma, lam)
         advantages = gae(lam_p)[0] * mask
-        returns = gae(config.critic_lambda)[1] * mask
+        returns = gae(config.critic_lambda)[1] * value_mask(batch, config)
         return advantages, returns
     if config.advantage == "grpo":
         per_traj = grpo_advantages(batch.reward, batch.task_ids, config.grpo_eps)
@@ -67,18 +109,30 @@ def compute_advantages(batch: TrajectoryBatch, values: torch.Tensor | None, conf
     return per_traj[:, None] * mask, None
 
 
+def training_advantages(batch: TrajectoryBatch, values: torch.Tensor | None, config: TrainerConfig,
+                        baseline: RunningMeanBaseline | None = None, whiten=whiten_advantages):
+    """-> (raw advantages, the advantages the policy step uses, returns). Whitening over the batch's
+    action tokens is an SAO choice (gae, running_mean); GRPO's advantages are already normalised per
+    group and are used as they are. `whiten`: data-parallel, over every rank's tokens."""
+    raw, returns = compute_advantages(batch, values, config, baseline)
+    if config.whiten_advantages and config.advantage != "grpo":
+        return raw, whiten(raw, batch.action_mask), returns
+    return raw, raw, returns
+
+
 def policy_loss(logp: torch.Tensor, logp_rollout: torch.Tensor, advantages: torch.Tensor,
-                action_mask: torch.Tensor, config: TrainerConfig, normalizer: float | None = None):
+                action_mask: torch.Tensor, config: TrainerConfig, normalizer: float | None = None,
+                logp_old: torch.Tensor | None = None):
     """The configured policy loss on [B, T] tensors -> (loss, metrics).
 
-    dis: sao.md Eq. 1-3 against the rollout logprobs. ppo: clipped surrogate against pi_old; one
-    policy step per batch, so pi_old is the current policy (logp, detached: no extra forward), and
-    TIS / MIS weight each token by pi_old / pi_rollout (the engine mismatch).
+    dis: docs/algorithm.md section 1 against the rollout logprobs. ppo: clipped surrogate against pi_old, the
+    policy before this update (`logp_old`; None: logp detached, exact for the first step of an
+    update), and TIS / MIS weight each token by pi_old / pi_rollout (the engine mismatch).
     """
     if config.policy_loss == "dis":
         return dis_policy_loss(logp, logp_rollout, advantages, action_mask, config.eps_low, config.eps_high,
                                grad=config.dis_grad, denominator=config.dis_denominator, normalizer=normalizer)
-    logp_old = logp.detach()
+    logp_old = logp.detach() if logp_old is None else logp_old
     weights = None
     if config.importance == "tis":
         weights = tis_weights(logp_old, logp_rollout, config.tis_cap)
@@ -105,14 +159,27 @@ def _grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:
 
 
 class SAOTrainer:
-    """Holds the policy, the critic, their optimizers and the counters; `update` is one SAO step."""
+    """Holds the policy, the critic, their optimizers and the counters; `update` is one SAO step.
 
-    def __init__(self, policy: nn.Module, critic: Critic | None, config: TrainerConfig, policy_version: int = 0):
+    The modules become fp32 master weights on `config.device` (in place); `dtype` is the compute dtype
+    of the forward passes, by default the dtype the policy was loaded in (the model dtype).
+    """
+
+    def __init__(self, policy: nn.Module, critic: Critic | None, config: TrainerConfig, policy_version: int = 0,
+                 dtype: torch.dtype | None = None):
         if config.advantage == "gae" and critic is None:
             raise ValueError("critic: advantage='gae' needs a critic (pass Critic.from_policy(policy))")
         self.policy, self.critic, self.config = policy, critic, config
         self.policy_version = policy_version
-        self.device = next(policy.parameters()).device  # micro-batches move here; GAE and metrics stay on CPU
+        self.dtype = dtype or model_dtype(policy)
+        self.device = torch.device(config.device)  # micro-batches move here; GAE and metrics stay on CPU
+        for module in (policy, critic):
+            if module is not None:
+                to_master_weights(module).to(self.device)
+        if config.gradient_checkpointing:
+            enable_activation_checkpointing(policy)
+            if critic is not None:
+                enable_activation_checkpointing(critic.backbone)
         self.pad_token_id = getattr(policy.config, "pad_token_id", None) or 0
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
         self.policy_optimizer = torch.optim.AdamW(self.policy_params, lr=config.lr, weight_decay=config.weight_decay)
@@ -128,10 +195,20 @@ class SAOTrainer:
         self.baseline = (RunningMeanBaseline(config.window, config.running_mean_scope)
                          if config.advantage == "running_mean" else None)
         self.updates = 0  # calls of update() that trained something
+        self.dist = None  # data-parallel (trainer.distributed.DataParallel): global sums, balanced passes
         self.critic_optimizer_steps = 0
         self.policy_optimizer_steps = 0
 
     # --- the pieces -----------------------------------------------------------------------------
+    def _sum(self, x: float) -> float:
+        """x summed over the data-parallel ranks (x in one process)."""
+        return x if self.dist is None else self.dist.sum(x)
+
+    def _balance(self, module: nn.Module, passes: int, backward: bool = False) -> None:
+        """Data-parallel: zero-loss passes up to the ranks' most, so FSDP's collectives pair up."""
+        if self.dist is not None:
+            self.dist.balance(self, module, passes, backward)
+
     def _select(self, trajectories: list[Trajectory]):
         """Drop (and count) the unrewarded and the too-stale trajectories."""
         kept, unrewarded, stale = [], 0, 0
@@ -149,12 +226,15 @@ class SAOTrainer:
         values = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for rows in groups:
             mb = batch.select(rows).to(self.device)
-            v = torch.where(mb.attention_mask, self.critic(mb.input_ids, mb.attention_mask), 0.0)
+            with autocast(self.device, self.dtype):
+                v = torch.where(mb.attention_mask, self.critic(mb.input_ids, mb.attention_mask), 0.0)
             values[torch.tensor(rows)[:, None], torch.arange(v.shape[1])[None, :]] = v.float().cpu()
+        self._balance(self.critic, len(groups))
         return values
 
-    def _critic_steps(self, batch, groups, returns, values_old) -> dict[str, float]:
-        cfg, n_action = self.config, max(int(batch.action_mask.sum()), 1)
+    def _critic_steps(self, batch, groups, returns, values_old, trained) -> dict[str, float]:
+        """K steps on the value loss over the `trained` tokens [B, T] (the value tokens)."""
+        cfg, n_trained = self.config, max(self._sum(int(trained.sum())), 1)
         losses, grad_norms = [], []
         for _ in range(cfg.critic_steps):
             warmup = 1.0
@@ -166,66 +246,117 @@ class SAOTrainer:
             total = 0.0
             for rows in groups:
                 mb = batch.select(rows).to(self.device)
-                v = self.critic(mb.input_ids, mb.attention_mask)
-                loss = value_loss(v, _rows(returns, mb, rows), mb.action_mask, _rows(values_old, mb, rows),
-                                  clip=cfg.value_clip, normalizer=n_action)
+                with autocast(self.device, self.dtype):
+                    v = self.critic(mb.input_ids, mb.attention_mask)
+                loss = value_loss(v, _rows(returns, mb, rows), _rows(trained, mb, rows), _rows(values_old, mb, rows),
+                                  clip=cfg.value_clip, normalizer=n_trained)
                 loss.backward()
                 total += loss.item()
+            self._balance(self.critic, len(groups), backward=True)
             grad_norms.append(_grad_norm_and_clip(self.critic_params, cfg.max_grad_norm))
             self.critic_optimizer.step()
             self.critic_optimizer_steps += 1
             losses.append(total)
-        return {"value_loss": losses[0], "value_loss_last_step": losses[-1],
-                "critic_grad_norm": sum(grad_norms) / len(grad_norms),
-                "critic_lr": self.critic_optimizer.param_groups[0]["lr"]}
+        return {"loss/value_loss": losses[0], "loss/value_loss_last_step": losses[-1],
+                "critic/grad_norm": sum(grad_norms) / len(grad_norms),
+                "critic/lr": self.critic_optimizer.param_groups[0]["lr"]}
 
-    def _policy_step(self, batch, groups, advantages) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """Accumulate the summed loss over micro-batches, divide the gradients by N, clip, step.
-        Returns the detached logp and entropy [B, T] of the pre-step policy and the gradient norm."""
+    def _logprobs(self, mb: TrajectoryBatch):
         cfg = self.config
-        logp_all = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        entropy_all = torch.zeros_like(logp_all)
-        self.policy_optimizer.zero_grad(set_to_none=True)
-        num_kept = 0.0
+        with autocast(self.device, self.dtype):
+            return policy_token_logprobs(self.policy, mb.input_ids, mb.attention_mask, mb.action_mask,
+                                         cfg.temperature, cfg.top_k, cfg.top_p, cfg.logprob_chunk)
+
+    @torch.no_grad()
+    def _pi_old(self, batch, groups) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logp, entropy) [B, T] of the policy as it is now (before this update), no gradient."""
+        logp_old, entropy_old = torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape)
         for rows in groups:
             mb = batch.select(rows).to(self.device)
-            logp, entropy = policy_token_logprobs(self.policy, mb.input_ids, mb.attention_mask, mb.action_mask,
-                                                  cfg.temperature, cfg.top_k, cfg.top_p, cfg.logprob_chunk)
+            logp, entropy = self._logprobs(mb)
+            index = (torch.tensor(rows)[:, None], torch.arange(logp.shape[1])[None, :])
+            logp_old[index], entropy_old[index] = logp.cpu(), entropy.cpu()
+        self._balance(self.policy, len(groups))
+        return logp_old, entropy_old
+
+    def _optimizer_step(self, batch, groups, advantages, logp_old, record=None) -> tuple[float, dict]:
+        """Accumulate the summed loss over micro-batches, divide the gradients by N, clip, step.
+        `record(rows, logp, entropy)` sees each micro-batch's detached pre-step logp and entropy.
+        Returns the gradient norm and the token-weighted ppo_clip_frac of the step."""
+        cfg = self.config
+        self.policy_optimizer.zero_grad(set_to_none=True)
+        num_kept, clipped = 0.0, 0.0
+        for rows in groups:
+            mb = batch.select(rows).to(self.device)
+            logp, entropy = self._logprobs(mb)
+            old = None if logp_old is None else _rows(logp_old, mb, rows)
             loss_sum, metrics = policy_loss(logp, mb.logp_rollout, _rows(advantages, mb, rows), mb.action_mask,
-                                            cfg, normalizer=1.0)
+                                            cfg, normalizer=1.0, logp_old=old)
             loss_sum.backward()
             num_kept += metrics.get("num_kept_tokens", 0.0)
-            index = (torch.tensor(rows)[:, None], torch.arange(logp.shape[1])[None, :])
-            logp_all[index], entropy_all[index] = logp.detach().cpu(), entropy.detach().cpu()
+            clipped += metrics.get("ppo_clip_frac", 0.0) * metrics["num_action_tokens"]
+            if record is not None:
+                record(rows, logp.detach().cpu(), entropy.detach().cpu())
+        self._balance(self.policy, len(groups), backward=True)
         if cfg.policy_loss == "dis" and cfg.dis_denominator == "kept":
-            n = num_kept
+            n = self._sum(num_kept)
         else:
-            n = float(batch.action_mask.sum())
+            n = self._sum(float(sum(int(batch.action_mask[r].sum()) for g in groups for r in g)))
         for p in self.policy_params:
             if p.grad is not None:
                 p.grad.div_(max(n, 1.0))
         grad_norm = _grad_norm_and_clip(self.policy_params, cfg.max_grad_norm)
         self.policy_optimizer.step()
         self.policy_optimizer_steps += 1
+        return grad_norm, {"clipped": clipped, "tokens": n}
+
+    def _policy_step(self, batch, groups, advantages) -> tuple[torch.Tensor, torch.Tensor, float, dict]:
+        """DIS: one optimizer step on the whole batch. PPO: ppo_epochs x minibatches optimizer steps
+        against pi_old (computed in a no-grad pass when there is more than one step). One new policy
+        version either way. Returns the detached logp and entropy [B, T] of the pre-update policy, the
+        mean gradient norm and the ppo_clip_frac over every training pass."""
+        cfg = self.config
+        if cfg.ppo_epochs * cfg.minibatches == 1:
+            logp_all = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+            entropy_all = torch.zeros_like(logp_all)
+
+            def record(rows, logp, entropy):
+                index = (torch.tensor(rows)[:, None], torch.arange(logp.shape[1])[None, :])
+                logp_all[index], entropy_all[index] = logp, entropy
+
+            grad_norm, clip = self._optimizer_step(batch, groups, advantages, None, record)
+            grad_norms, clipped, tokens = [grad_norm], clip["clipped"], clip["tokens"]
+        else:
+            logp_all, entropy_all = self._pi_old(batch, groups)
+            grad_norms, clipped, tokens = [], 0.0, 0.0
+            for _ in range(cfg.ppo_epochs):
+                for part in minibatches(len(batch), cfg.minibatches):
+                    part_groups = [[part[i] for i in g] for g in micro_batches(batch.select(part),
+                                                                                 cfg.micro_batch_tokens)]
+                    grad_norm, clip = self._optimizer_step(batch, part_groups, advantages, logp_all)
+                    grad_norms.append(grad_norm)
+                    clipped, tokens = clipped + clip["clipped"], tokens + clip["tokens"]
         self.policy_version += 1
-        return logp_all, entropy_all, grad_norm
+        extra = {"ppo_clip_frac": clipped / max(tokens, 1.0)} if cfg.policy_loss == "ppo" else {}
+        return logp_all, entropy_all, sum(grad_norms) / len(grad_norms), extra
 
     # --- the step -------------------------------------------------------------------------------
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """One SAO update on a batch of finished trajectories -> the metrics of sao.md section 7."""
+        """One SAO update on a batch of finished trajectories -> the metrics of docs/algorithm.md section 7."""
         cfg = self.config
         metrics: dict[str, float] = {}
         n_in = len(trajectories)
         kept, unrewarded, stale = self._select(trajectories)
-        metrics.update(
-            trajectories_in=float(n_in), excluded_unrewarded=float(unrewarded), dropped_stale=float(stale),
-            infra_failure_rate=sum(t.status == "infra_error" for t in trajectories) / max(n_in, 1),
-        )
+        metrics.update({
+            "rollout/trajectories_in": float(n_in), "rollout/excluded_unrewarded": float(unrewarded),
+            "rollout/dropped_stale": float(stale),
+            "rollout/infra_failure_rate": sum(t.status == "infra_error" for t in trajectories) / max(n_in, 1),
+        })
         if not kept:
-            return metrics | {"skipped_update": 1.0, "policy_version": float(self.policy_version)}
-        self.policy.train(False)  # no dropout: the engine samples without it
-        if self.critic is not None:
-            self.critic.train(False)
+            return metrics | {"policy/skipped_update": 1.0, "policy/version": float(self.policy_version)}
+        for module in (self.policy, self.critic):  # train mode: activation checkpointing is active
+            if module is not None:
+                train_mode(module)
 
         batch = build_batch(kept, self.pad_token_id)
         groups = micro_batches(batch, cfg.micro_batch_tokens)
@@ -233,53 +364,71 @@ class SAOTrainer:
         t0 = time.perf_counter()
         use_critic = cfg.advantage == "gae"
         values = self.compute_values(batch, groups) if use_critic else None
-        advantages_raw, returns = compute_advantages(batch, values, cfg, self.baseline)
-        advantages = whiten_advantages(advantages_raw, mask) if cfg.whiten_advantages else advantages_raw
+        whiten = self.dist.whiten if self.dist else whiten_advantages
+        advantages_raw, advantages, returns = training_advantages(batch, values, cfg, self.baseline, whiten)
         t1 = time.perf_counter()
 
         if use_critic:
-            metrics["explained_variance"] = explained_variance(values, returns, mask)
-            metrics.update(_stats(values, mask, "value"))
-            metrics.update(_stats(returns, mask, "return"))
+            trained = value_mask(batch, cfg)
+            metrics["critic/explained_variance"] = explained_variance(values, returns, trained)
+            metrics.update(_stats(values, trained, "critic/value"))
+            metrics.update(_stats(returns, trained, "critic/return"))
             if cfg.critic_steps > 0:
-                metrics.update(self._critic_steps(batch, groups, returns, values))
+                metrics.update(self._critic_steps(batch, groups, returns, values, trained))
         t2 = time.perf_counter()
 
         train_policy = self.updates >= cfg.critic_only_steps
         if train_policy:
             version_before = self.policy_version
-            logp, entropy, grad_norm = self._policy_step(batch, groups, advantages)
+            logp, entropy, grad_norm, step_metrics = self._policy_step(batch, groups, advantages)
             with torch.no_grad():
                 loss, loss_metrics = policy_loss(logp, batch.logp_rollout, advantages, mask, cfg)
+            loss_metrics.update(step_metrics)
             diff = (logp - batch.logp_rollout).abs()[mask]
             diff = diff[torch.isfinite(diff)]  # a token outside top-k / top-p now has logp = -inf
             lag = (version_before - batch.policy_version)[mask].float()
-            metrics.update(loss_metrics)
-            metrics.update(
-                policy_loss=loss.item(), policy_grad_norm=grad_norm,
-                entropy_mean=entropy[mask].mean().item() if mask.any() else 0.0,
-                logp_abs_diff_mean=diff.mean().item() if diff.numel() else 0.0,
-                logp_abs_diff_max=diff.max().item() if diff.numel() else 0.0,
-                version_lag_mean=lag.mean().item() if mask.any() else 0.0,
-                version_lag_max=lag.max().item() if mask.any() else 0.0,
-            )
+            metrics.update(_policy_metrics(loss_metrics))
+            metrics.update({
+                "loss/policy_loss": loss.item(), "policy/grad_norm": grad_norm,
+                "policy/entropy": entropy[mask].mean().item() if mask.any() else 0.0,
+                "policy/logp_abs_diff_mean": diff.mean().item() if diff.numel() else 0.0,
+                "policy/logp_abs_diff_max": diff.max().item() if diff.numel() else 0.0,
+                "rollout/version_lag_mean": lag.mean().item() if mask.any() else 0.0,
+                "rollout/version_lag_max": lag.max().item() if mask.any() else 0.0,
+            })
         t3 = time.perf_counter()
         self.updates += 1
 
         truncated = sum(t.status.startswith("truncated") for t in kept)
-        metrics.update(_stats(advantages_raw, mask, "adv_raw"))
-        metrics.update(_stats(advantages, mask, "adv"))
-        metrics.update(
-            skipped_update=0.0, policy_step=float(train_policy), policy_version=float(self.policy_version),
-            critic_optimizer_steps=float(self.critic_optimizer_steps),
-            trajectories=float(len(kept)), micro_batches=float(len(groups)),
-            action_tokens=float(mask.sum()), action_tokens_per_traj=float(mask.sum()) / len(kept),
-            tokens=float(batch.attention_mask.sum()), turns_mean=sum(t.turns for t in kept) / len(kept),
-            truncation_rate=truncated / len(kept), reward_mean=batch.reward.mean().item(),
-            reward_std=batch.reward.std(unbiased=False).item(),
-            time_advantages_s=t1 - t0, time_critic_s=t2 - t1, time_policy_s=t3 - t2,
-        )
+        metrics.update(_stats(advantages_raw, mask, "policy/adv_raw"))
+        metrics.update(_stats(advantages, mask, "policy/adv"))
+        tokens = float(batch.attention_mask.sum())
+        metrics.update({
+            "policy/skipped_update": 0.0, "policy/trained": float(train_policy),
+            "policy/version": float(self.policy_version), "critic/optimizer_steps": float(self.critic_optimizer_steps),
+            "rollout/trajectories": float(len(kept)), "perf/micro_batches": float(len(groups)),
+            "rollout/action_tokens": float(mask.sum()), "rollout/action_tokens_per_traj": float(mask.sum()) / len(kept),
+            "rollout/tokens": tokens, "rollout/turns_mean": sum(t.turns for t in kept) / len(kept),
+            "rollout/truncation_rate": truncated / len(kept), "rollout/reward_mean": batch.reward.mean().item(),
+            "rollout/reward_std": batch.reward.std(unbiased=False).item(),
+            "perf/update_tokens_per_s": tokens / max(t3 - t0, 1e-9),
+            "time/advantages_s": t1 - t0, "time/critic_s": t2 - t1, "time/policy_s": t3 - t2,
+        })
         return {k: float(v) for k, v in metrics.items()}
+
+
+# trainer.losses' diagnostics, logged as policy/<name>: renamed here; None: not logged (= rollout/action_tokens)
+_LOSS_NAMES = {"dis_masked_low_frac": "dis_masked_low", "dis_masked_high_frac": "dis_masked_high",
+               "dis_kept_frac": "dis_kept", "num_kept_tokens": "dis_kept_tokens", "ppo_clip_frac": "clip_frac",
+               "num_action_tokens": None}
+
+
+def _policy_metrics(loss_metrics: dict[str, float]) -> dict[str, float]:
+    """The policy loss's metrics under their logged names, plus policy/dis_masked (low + high) for DIS."""
+    out = {f"policy/{_LOSS_NAMES.get(k, k)}": v for k, v in loss_metrics.items() if _LOSS_NAMES.get(k, k)}
+    if "policy/dis_masked_low" in out:
+        out["policy/dis_masked"] = out["policy/dis_masked_low"] + out["policy/dis_masked_high"]
+    return out
 
 
 def _stats(x: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[str, float]:

@@ -20,9 +20,13 @@ import math
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+import httpx
+
 from harness.engines.protocol import Engine, GenerateResult, SamplingParams
+from harness.proxy import UnknownEpisode
 from harness.trace import REWARDED_STATUSES, Trajectory
 
 SYSTEM = "You are a coding agent working in a simulated environment. Reply with your next step."
@@ -42,38 +46,36 @@ def reward_rule(traj: Trajectory) -> float:
 
 def observation(turn: int, rng: random.Random) -> str:
     words = ["ok", "PASSED", "FAILED", "line", "def", "return", "import", "error", "test", "file"]
-    return f"[exit code {rng.randint(0, 1)}] turn {turn}: " + " ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
+    return (f"[exit code {rng.randint(0, 1)}] turn {turn}: "
+            + " ".join(rng.choice(words) for _ in range(rng.randint(3, 12))))
 
 
 _client_lock = threading.Lock()
 _client = None
 
 
-def _http():
+def _http() -> httpx.Client:
     global _client
     with _client_lock:
         if _client is None:
-            import httpx
-
             _client = httpx.Client(limits=httpx.Limits(max_keepalive_connections=8))
         return _client
 
 
-def run_simulated_episode(task, ctx, episode_id: str) -> Trajectory:
-    """One simulated episode of `task` (`ctx`: `harness.episode.EpisodeContext`); never raises for what
-    goes wrong inside it: the trajectory's status says how it ended (see the module doc)."""
-    from harness.proxy import UnknownEpisode
-
-    cfg, tc = ctx.cfg, ctx.cfg.trainer
-    rng = random.Random(episode_id)
-    planned = episode_turns(rng, tc.sim_turns_median, tc.sim_turns_sigma, tc.sim_turns_max)
-    inject = rng.random() < tc.sim_infra_error_rate
+def chat_episode(task, ctx, episode_id: str, messages: list[dict[str, Any]], turns: int,
+                 observe: Callable[[int], str], reward: Callable[[Trajectory], float], env: str,
+                 sleep_s: float = 0.0, inject_after_first: bool = False, **metadata) -> Trajectory:
+    """A multi-turn episode through the proxy: `turns` chat completions; after turn t a sleep of
+    `sleep_s` (the "tool execution") and the observation `observe(t)` as a user message (the last one
+    is never sent); then the proxy's trajectory (token-exact), its status, and `reward(traj)` when the
+    status is rewarded. Never raises for what goes wrong inside it: the status says how it ended."""
+    cfg = ctx.cfg
     url = ctx.proxy.base_url.rstrip("/") + "/chat/completions"
     headers = {"X-Episode-Id": episode_id, "X-Task-Id": task.instance_id}
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
-                                      {"role": "user", "content": task.problem_statement[:500] or task.instance_id}]
+    if token := cfg.proxy.resolved_token():  # the proxy's bearer token, when one guards it
+        headers["Authorization"] = f"Bearer {token}"
     status, error, t0 = "ok", None, time.monotonic()
-    for turn in range(planned):
+    for turn in range(turns):
         try:
             r = _http().post(url, headers=headers, timeout=cfg.engine.timeout_s + 30,
                              json={"model": cfg.agent.model, "messages": messages,
@@ -89,11 +91,11 @@ def run_simulated_episode(task, ctx, episode_id: str) -> Trajectory:
                 status, error = "infra_error", f"proxy answered {r.status_code}: {body}"
             break
         messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""})
-        if inject:
+        if inject_after_first:
             status, error = "infra_error", "injected by the simulated environment (sim_infra_error_rate)"
             break
-        time.sleep(tc.sim_env_sleep_s)
-        messages.append({"role": "user", "content": observation(turn, rng)})
+        time.sleep(sleep_s)
+        messages.append({"role": "user", "content": observe(turn)})
     try:
         traj = ctx.proxy.close_episode(episode_id)
     except UnknownEpisode:  # no turn was served
@@ -103,12 +105,25 @@ def run_simulated_episode(task, ctx, episode_id: str) -> Trajectory:
         status = traj.status  # the proxy saw it end that way
     traj.status, traj.reward = status, None
     if status in REWARDED_STATUSES:
-        traj.reward = reward_rule(traj)
-    traj.metadata.update(env="simulated", planned_turns=planned, run_id=ctx.run_id)
+        traj.reward = reward(traj)
+    traj.metadata.update(env=env, run_id=ctx.run_id, **metadata)
     if error:
         traj.metadata["infra_error"] = error
     traj.timings = {**traj.timings, "episode_s": time.monotonic() - t0}
     return traj.validate()
+
+
+def run_simulated_episode(task, ctx, episode_id: str) -> Trajectory:
+    """One simulated episode of `task` (`ctx`: `harness.episode.EpisodeContext`); never raises for what
+    goes wrong inside it: the trajectory's status says how it ended (see the module doc)."""
+    tc = ctx.cfg.trainer
+    rng = random.Random(episode_id)
+    planned = episode_turns(rng, tc.sim_turns_median, tc.sim_turns_sigma, tc.sim_turns_max)
+    inject = rng.random() < tc.sim_infra_error_rate
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                      {"role": "user", "content": task.problem_statement[:500] or task.instance_id}]
+    return chat_episode(task, ctx, episode_id, messages, planned, lambda turn: observation(turn, rng), reward_rule,
+                        "simulated", sleep_s=tc.sim_env_sleep_s, inject_after_first=inject, planned_turns=planned)
 
 
 class SleepEngine(Engine):

@@ -1,4 +1,5 @@
-"""`sao value-pretrain`: regress the critic on Monte-Carlo returns of stored trajectories (sao.md section 4).
+"""`sao value-pretrain`: regress the critic on Monte-Carlo returns of stored trajectories
+(docs/algorithm.md section 4.5).
 
     corpus  = rewarded trajectories of every store in value_pretrain.traces (default <run>/traces),
               sampled by the initial policy (`sao rollout`); more stores = a larger corpus
@@ -9,8 +10,8 @@
     until:  neither the value loss nor the explained variance (EMAs, `smoothing`) improved by more
             than `min_delta` for `patience` steps ("plateau"), or `max_steps` ("budget")
 
-Writes into <run>/value_pretrain/: metrics.jsonl + tb/ (value_loss, explained_variance,
-critic_grad_norm, ... per step), summary.json, and the checkpoint critic/ (save_critic; replaced
+Writes into <run>/value_pretrain/: metrics.jsonl + tb/ (loss/value_loss, critic/explained_variance,
+critic/grad_norm, ... per step), summary.json, and the checkpoint critic/ (save_critic; replaced
 whole, never half-written). `sao train` starts from it with
     trainer.value_pretrain_checkpoint=<run>/value_pretrain/critic
 and the RL critic warm-up (trainer.critic_warmup_steps / critic_only_steps) still applies after it.
@@ -29,6 +30,8 @@ import torch
 
 from core.errors import UserError
 from core.files import atomic_dir
+from harness.store import read_traces
+from harness.tiny_model import resolve_model_path
 from harness.trace import Trajectory
 from trainer.batch import TrajectoryBatch, build_batch, micro_batches
 from trainer.config import TrainerConfig, ValuePretrainConfig
@@ -36,6 +39,7 @@ from trainer.gae import skip_observation_gae
 from trainer.losses import explained_variance, value_loss
 from trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
 from trainer.models import Critic, critic_freeze_patterns, freeze_parameters, load_critic, save_critic
+from trainer.precision import autocast, enable_activation_checkpointing, model_dtype, to_master_weights, train_mode
 
 OUT_DIR = "value_pretrain"
 CHECKPOINT_DIR = "critic"
@@ -56,8 +60,6 @@ def load_corpus(paths: list[str | Path]) -> Corpus:
     token first, a traj_id already seen (the same store listed twice). Trajectories sampled by a
     policy version > 0 are kept and counted (`later_policy`): they are not the initial policy's.
     """
-    from harness.store import read_traces
-
     counts = dict(read=0, used=0, unrewarded=0, breaks=0, no_action=0, action_first=0, duplicate=0,
                   later_policy=0)
     seen: set[str] = set()
@@ -113,7 +115,7 @@ def freeze_critic(critic: Critic, trainer: TrainerConfig) -> list[str]:
 def load_backbone_critic(model_path: str, dtype: str = "float32") -> Critic:
     """Critic.from_pretrained(model_path) without transformers' load report (the policy's lm_head is
     expected to be left out); a backbone weight missing from the checkpoint is a UserError."""
-    from transformers import AutoModel
+    from transformers import AutoModel  # lazy: heavy
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -157,9 +159,10 @@ def initial_critic(trainer: TrainerConfig, policy: torch.nn.Module) -> Critic:
 # --- one pass over a batch ----------------------------------------------------------------------
 
 def _critic_pass(critic: Critic, batch: TrajectoryBatch, returns: torch.Tensor, micro_batch_tokens: int,
-                 device: torch.device, backward: bool) -> tuple[float, torch.Tensor]:
+                 device: torch.device, backward: bool, dtype: torch.dtype) -> tuple[float, torch.Tensor]:
     """Value loss (token mean over the batch's action tokens) and values [B, T] (CPU, detached);
-    with backward=True the gradients of that loss accumulate in the critic."""
+    with backward=True the gradients of that loss accumulate in the critic. Forwards under autocast
+    to `dtype` (the model dtype), as SAOTrainer's."""
     n_action = max(int(batch.action_mask.sum()), 1)
     values = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     total = 0.0
@@ -167,7 +170,7 @@ def _critic_pass(critic: Critic, batch: TrajectoryBatch, returns: torch.Tensor, 
         mb = batch.select(rows)
         index = torch.tensor(rows, dtype=torch.long)
         width = mb.input_ids.shape[1]
-        with torch.set_grad_enabled(backward):
+        with torch.set_grad_enabled(backward), autocast(device, dtype):
             v = critic(mb.input_ids.to(device), mb.attention_mask.to(device))
             loss = value_loss(v, returns[index, :width].to(device), mb.action_mask.to(device), normalizer=n_action)
         if backward:
@@ -179,16 +182,18 @@ def _critic_pass(critic: Critic, batch: TrajectoryBatch, returns: torch.Tensor, 
 
 @torch.no_grad()
 def evaluate(critic: Critic, trajectories: list[Trajectory], trainer: TrainerConfig, pad_token_id: int = 0,
-             device: str | torch.device = "cpu", batch_size: int = 16) -> dict[str, float]:
-    """Value loss and explained variance of the critic on `trajectories` (no update)."""
-    device = torch.device(device)
-    critic.train(False)
+             device: str | torch.device = "cpu", batch_size: int = 16,
+             dtype: torch.dtype | None = None) -> dict[str, float]:
+    """Value loss and explained variance of the critic on `trajectories` (no update); forwards under
+    autocast to `dtype` (default: the critic's model dtype), in train mode as every pass."""
+    device, dtype = torch.device(device), dtype or model_dtype(critic)
+    train_mode(critic)
     err, count, all_v, all_g = 0.0, 0, [], []
     for start in range(0, len(trajectories), batch_size):
         batch = build_batch(trajectories[start:start + batch_size], pad_token_id)
         returns = monte_carlo_returns(batch, trainer.gamma)
         n = int(batch.action_mask.sum())
-        loss, values = _critic_pass(critic, batch, returns, trainer.micro_batch_tokens, device, backward=False)
+        loss, values = _critic_pass(critic, batch, returns, trainer.micro_batch_tokens, device, False, dtype)
         err, count = err + loss * n, count + n
         all_v.append(values[batch.action_mask])
         all_g.append(returns[batch.action_mask])
@@ -250,28 +255,32 @@ class _Plateau:
         if ev_s is not None and ev_s > self.best["explained_variance"] + self.min_delta:
             self.best["explained_variance"], improved = ev_s, True
         self.since = 0 if improved else self.since + 1
-        out = {"steps_since_improvement": float(self.since)}
+        out = {"critic/steps_since_improvement": float(self.since)}
         if loss_s is not None:
-            out["value_loss_smoothed"] = loss_s
+            out["loss/value_loss_smoothed"] = loss_s
         if ev_s is not None:
-            out["explained_variance_smoothed"] = ev_s
+            out["critic/explained_variance_smoothed"] = ev_s
         return out
 
 
 def pretrain_critic(critic: Critic, trajectories: list[Trajectory], vp: ValuePretrainConfig,
                     trainer: TrainerConfig, logger: MetricsLogger | None = None, seed: int = 0,
                     pad_token_id: int = 0, verbose: bool = True) -> PretrainResult:
-    """Regress `critic` (in place) on the Monte-Carlo returns of `trajectories` (see the module docstring)."""
+    """Regress `critic` (in place) on the Monte-Carlo returns of `trajectories` (see the module docstring).
+
+    Precision as SAOTrainer's (trainer.precision): the critic becomes fp32 master weights on
+    `vp.device` that AdamW updates; every forward runs under autocast in the dtype it was loaded in.
+    """
     if not trajectories:
         raise ValueError("trajectories: an empty corpus, nothing to pretrain on")
-    device = torch.device(vp.device)
-    critic.to(device)
+    device, dtype = torch.device(vp.device), model_dtype(critic)
+    to_master_weights(critic).to(device)
     freeze_critic(critic, trainer)
     params = [p for p in critic.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=vp.lr, weight_decay=trainer.weight_decay)
     rng = random.Random(seed)
     eval_set = rng.sample(trajectories, min(vp.eval_trajectories, len(trajectories)))
-    before = evaluate(critic, eval_set, trainer, pad_token_id, device) if eval_set else {}
+    before = evaluate(critic, eval_set, trainer, pad_token_id, device, dtype=dtype) if eval_set else {}
     if verbose and before:
         print(f"value pretraining: {len(trajectories)} trajectories; before: value loss "
               f"{before['value_loss']:.4f}, explained variance {before['explained_variance']:.3f} "
@@ -285,18 +294,18 @@ def pretrain_critic(critic: Critic, trajectories: list[Trajectory], vp: ValuePre
         epoch, rows = next(batches)
         batch = build_batch([trajectories[i] for i in rows], pad_token_id)
         returns = monte_carlo_returns(batch, trainer.gamma)
-        critic.train(False)  # no dropout, as in SAOTrainer
+        train_mode(critic)  # as in SAOTrainer: activation checkpointing active, no dropout allowed
         optimizer.zero_grad(set_to_none=True)
-        loss, values = _critic_pass(critic, batch, returns, trainer.micro_batch_tokens, device, backward=True)
+        loss, values = _critic_pass(critic, batch, returns, trainer.micro_batch_tokens, device, True, dtype)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, trainer.max_grad_norm))
         optimizer.step()
         ev = explained_variance(values, returns, batch.action_mask)
-        metrics = {"value_loss": loss, "explained_variance": ev, "critic_grad_norm": grad_norm,
-                   "critic_lr": vp.lr, "epoch": float(epoch), "trajectories": float(len(rows)),
-                   "action_tokens": float(batch.action_mask.sum()),
-                   "return_mean": returns[batch.action_mask].mean().item()}
+        metrics = {"loss/value_loss": loss, "critic/explained_variance": ev, "critic/grad_norm": grad_norm,
+                   "critic/lr": vp.lr, "time/epoch": float(epoch), "rollout/trajectories": float(len(rows)),
+                   "rollout/action_tokens": float(batch.action_mask.sum()),
+                   "critic/return_mean": returns[batch.action_mask].mean().item()}
         metrics.update(plateau.update(loss, ev))
-        metrics["time_step_s"] = time.perf_counter() - t0
+        metrics["time/step_s"] = time.perf_counter() - t0
         history.append({"step": step, **metrics})
         if logger is not None:
             logger.log(step, metrics)
@@ -306,14 +315,12 @@ def pretrain_critic(critic: Critic, trajectories: list[Trajectory], vp: ValuePre
         if plateau.since >= vp.patience:
             stop_reason = "plateau"
             break
-    after = evaluate(critic, eval_set, trainer, pad_token_id, device) if eval_set else {}
+    after = evaluate(critic, eval_set, trainer, pad_token_id, device, dtype=dtype) if eval_set else {}
     return PretrainResult(steps=len(history), stop_reason=stop_reason, history=history, before=before, after=after)
 
 
 def run_value_pretrain(cfg, verbose: bool = True) -> PretrainResult:
     """The whole stage for a validated Config: corpus, critic from model.path, loop, checkpoint, summary."""
-    from harness.tiny_model import resolve_model_path
-
     vp, trainer = cfg.value_pretrain, cfg.trainer
     run = Path(cfg.run.dir)
     try:
@@ -344,11 +351,7 @@ def run_value_pretrain(cfg, verbose: bool = True) -> PretrainResult:
     except ValueError as e:
         raise UserError(f"trainer.critic_freeze: {e}") from None
     if trainer.gradient_checkpointing:
-        backbone = critic.backbone
-        if hasattr(backbone, "activation_checkpointing_enable"):  # transformers >= 5.x names it so
-            backbone.activation_checkpointing_enable({"use_reentrant": False})
-        else:
-            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(critic.backbone)
     pad = getattr(critic.backbone.config, "pad_token_id", None) or 0
 
     out = run / OUT_DIR
@@ -359,7 +362,7 @@ def run_value_pretrain(cfg, verbose: bool = True) -> PretrainResult:
         result = pretrain_critic(critic, corpus.trajectories, vp, trainer, logger, seed=cfg.run.seed,
                                  pad_token_id=pad, verbose=verbose)
     checkpoint = (out / CHECKPOINT_DIR).resolve()
-    atomic_dir(lambda tmp: save_critic(critic.cpu(), tmp), checkpoint)
+    atomic_dir(checkpoint, lambda tmp: save_critic(critic.cpu(), tmp))
     result.checkpoint, result.corpus = str(checkpoint), corpus.counts
     summary = {k: v for k, v in asdict(result).items() if k != "history"}
     summary.update(model=model_path, traces=sources, config=vp.model_dump(mode="json"))

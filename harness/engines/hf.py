@@ -47,6 +47,7 @@ class HFEngine(Engine):
         """``num_threads``: torch intra-op threads of the engine thread only (a per-thread setting);
         None: 1 for models under 100M parameters (they gain nothing from more, and on a shared CPU
         spinning threads cost up to 7x), else torch's default."""
+        # lazy: transformers is heavy
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -99,7 +100,8 @@ class HFEngine(Engine):
         except concurrent.futures.TimeoutError:
             req.cancelled = True
             raise EngineTimeout(f"hf engine: generate did not finish within {t:g}s "
-                                f"({len(req.ids)} of max {sampling.max_tokens} tokens sampled); request cancelled") from None
+                                f"({len(req.ids)} of max {sampling.max_tokens} tokens sampled); "
+                                "request cancelled") from None
 
     def update_weights(self, version: int, weights: dict[str, Any], timeout: float | None = None) -> None:
         if self._closed.is_set():
@@ -230,7 +232,7 @@ class HFEngine(Engine):
         self._cache = None
 
     def _build_cache(self) -> None:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # lazy: transformers is heavy
 
         width = max(r.cached for r in self._active)
         layers = []

@@ -40,7 +40,8 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
@@ -96,8 +97,8 @@ class Engine(ABC):
     def version(self) -> int:
         ...
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - optional hook: engines with resources override it, the default is a no-op
+        """Release the engine's resources (default: nothing to release)."""
 
     def _timeout(self, timeout: float | None) -> float:
         return self.timeout_s if timeout is None else timeout

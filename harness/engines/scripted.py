@@ -23,7 +23,7 @@ class ScriptedEngine(Engine):
     def __init__(self, tokenizer, replies: list[str] | tuple[str, ...] = (), timeout_s: float = 600.0,
                  delay_s: float = 0.0, eos: bool = True):
         if isinstance(tokenizer, str):
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # lazy: transformers is heavy, only for a tokenizer path
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         self.tokenizer = tokenizer
@@ -54,7 +54,8 @@ class ScriptedEngine(Engine):
         if self.delay_s:
             time.sleep(min(self.delay_s, t))
             if self.delay_s >= t:
-                raise EngineTimeout(f"scripted engine: generate did not finish within {t:g}s (delay_s={self.delay_s:g})")
+                raise EngineTimeout(f"scripted engine: generate did not finish within {t:g}s "
+                                    f"(delay_s={self.delay_s:g})")
         with self._lock:
             text = self.next_reply(prompt_ids)
             self.calls += 1

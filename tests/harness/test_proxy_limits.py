@@ -1,0 +1,179 @@
+"""The proxy's guards: the request size limit (413), the bearer token (401), the bind rule, and the
+episode clients (the OpenHands agent, the simulated environment) sending the token. Loopback only."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from openai import OpenAI
+from transformers import AutoTokenizer
+
+from core.errors import UserError
+from harness.agent import AgentSettings, run_agent
+from harness.engines.scripted import ScriptedEngine
+from harness.episode import EpisodeContext
+from harness.proxy import ProxyServer, check_loopback
+from harness.tiny_model import ensure_tiny_model
+from sao.config import load_config
+from trainer.simulated import chat_episode
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = REPO / ".cache" / "sao"
+TOKEN = "s3cret-token"
+USER = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(ensure_tiny_model(CACHE, 0))
+
+
+@pytest.fixture
+def serve(tok):
+    """``serve(*overrides, replies=...) -> (proxy, engine, url, cfg)``, on 127.0.0.1; stopped afterwards."""
+    started = []
+
+    def start(*overrides, replies=("ok",) * 4):
+        cfg = load_config(None, [f"model.cache_dir={CACHE}", "sampling.max_tokens=8", *overrides])
+        engine = ScriptedEngine(tok, list(replies))
+        proxy = ProxyServer(engine, tok, cfg, model_name="tiny")
+        url = proxy.start(host="127.0.0.1")
+        started.append(proxy)
+        return proxy, engine, url, cfg
+
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
+def chat(url, episode, api_key="none"):
+    c = OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=60, default_headers={"X-Episode-Id": episode})
+    return c.chat.completions.create(model="tiny", messages=USER)
+
+
+def raw_request(url: str, head: str) -> tuple[int, dict]:
+    """Send only a request head (no body) to the proxy at ``url``; its status and JSON answer."""
+    port = httpx.URL(url).port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head.encode())
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < _length(data):
+            chunk = s.recv(65536)  # today's proxy waits for the declared body: this times out
+            if not chunk:
+                break
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, json.loads(data.partition(b"\r\n\r\n")[2])
+
+
+def _length(data: bytes) -> int:
+    for line in data.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 1 << 62
+
+
+def test_a_declared_oversized_body_is_413_without_reading_it(serve):
+    proxy, engine, url, _ = serve("proxy.max_request_bytes=1024")
+    status, body = raw_request(url, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                    "Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n")
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    assert "proxy.max_request_bytes" in body["error"]["message"] and "1024" in body["error"]["message"]
+    assert engine.calls == 0 and proxy.sessions == {}
+    assert chat(url, "small").choices[0].message.content == "ok"  # under the limit: served
+
+
+def test_a_chunked_oversized_body_is_413(serve):
+    _, engine, url, _ = serve("proxy.max_request_bytes=1024")
+    payload = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * 20_000}]}).encode()
+
+    def chunks():  # a generator body: sent with Transfer-Encoding: chunked, no Content-Length
+        for i in range(0, len(payload), 512):
+            yield payload[i:i + 512]
+
+    r = httpx.post(url + "/chat/completions", content=chunks(), headers={"X-Episode-Id": "big"}, timeout=30)
+    assert r.status_code == 413 and "max_request_bytes (1024 bytes)" in r.json()["error"]["message"]
+    assert engine.calls == 0
+    assert chat(url, "small").choices[0].message.content == "ok"  # the server keeps serving
+
+
+def test_the_token_is_required_on_every_request(serve):
+    _, engine, url, _ = serve(f"proxy.token={TOKEN}")
+    base = url.removesuffix("/v1")
+    for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models"), ("GET", "/health"),
+                         ("POST", "/episodes/x/close")):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
+                        {"Authorization": f"Basic {TOKEN}"}):
+            r = httpx.request(method, base + path, headers=headers, json={"messages": USER}, timeout=10)
+            assert r.status_code == 401, (path, headers, r.text)
+            assert r.json()["error"]["type"] == "authentication_error"
+    assert engine.calls == 0
+    r = chat(url, "authed", api_key=TOKEN)  # the OpenAI client sends Authorization: Bearer <api_key>
+    assert r.choices[0].message.content == "ok"
+    ok = httpx.get(base + "/health", headers={"Authorization": f"bearer {TOKEN}"}, timeout=10)
+    assert ok.status_code == 200
+
+
+def test_the_token_from_the_environment_and_which_wins(serve, monkeypatch):
+    monkeypatch.setenv("SAO_PROXY_TOKEN", "from-env")
+    _, _, url, cfg = serve()
+    assert cfg.proxy.resolved_token() == "from-env"
+    assert httpx.get(url + "/models", timeout=10).status_code == 401
+    assert chat(url, "env", api_key="from-env").choices[0].message.content == "ok"
+    _, _, url2, cfg2 = serve(f"proxy.token={TOKEN}")  # proxy.token wins over $SAO_PROXY_TOKEN
+    assert cfg2.proxy.resolved_token() == TOKEN
+    assert httpx.get(url2 + "/models", headers={"Authorization": "Bearer from-env"}, timeout=10).status_code == 401
+    assert httpx.get(url2 + "/models", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).status_code == 200
+
+
+def test_a_routable_host_needs_a_token():
+    for host in ("127.0.0.1", "::1", "localhost"):
+        check_loopback(host)
+        check_loopback(host, TOKEN)
+    for host in ("0.0.0.0", "10.1.2.3", "::", "example.com"):
+        with pytest.raises(UserError, match="proxy.token") as e:
+            check_loopback(host)
+        assert repr(host) in str(e.value) and "SAO_PROXY_TOKEN" in str(e.value)
+        check_loopback(host, TOKEN)  # with a token: allowed (checked only, never bound here)
+
+
+def test_sao_serve_names_the_key_for_a_routable_host():
+    proc = subprocess.run([sys.executable, "-m", "sao.cli", "serve", "--host", "10.1.2.3"], cwd=REPO, check=False,
+                          capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "SAO_PROXY_TOKEN"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "'10.1.2.3'" in out and "proxy.token" in out, out
+
+
+class NoTools:
+    """Stands in for the sandbox tools: the agent keeps the SDK's ``finish`` and ``think``."""
+
+    def tool_specs(self):
+        return []
+
+    def close(self):
+        pass
+
+
+def test_the_agent_sends_the_token(serve):
+    finish = '<tool_call>\n{"name": "finish", "arguments": {"message": "done"}}\n</tool_call>'
+    proxy, _, url, cfg = serve(f"proxy.token={TOKEN}", "sampling.max_tokens=256", replies=[finish])
+    r = run_agent(None, base_url=url, instruction="Say done.", episode_id="ep-tok", task_id="t-tok",
+                  settings=AgentSettings.from_config(cfg), tools=NoTools())
+    assert r.finished and r.status == "ok" and r.error is None, r
+    assert proxy.close_episode("ep-tok").turns == 1
+
+
+def test_the_simulated_episode_sends_the_token(serve):
+    proxy, _, _, cfg = serve(f"proxy.token={TOKEN}")
+    ctx = EpisodeContext(cfg=cfg, proxy=proxy, run_id="run-tok")
+    task = SimpleNamespace(instance_id="t-sim")
+    traj = chat_episode(task, ctx, "ep-sim", list(USER), 2, lambda turn: f"observation {turn}",
+                        lambda traj: 1.0, "simulated")
+    assert traj.status == "ok" and traj.turns == 2 and "infra_error" not in traj.metadata, traj.metadata

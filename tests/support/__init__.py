@@ -1,0 +1,1 @@
+"""Helpers shared by tests (not tests themselves): fakes, generated task repos, data builders."""

@@ -1,0 +1,162 @@
+"""Data-parallel SAO on FSDP2 (trainer.distributed): 2 gloo processes on CPU give the update of one
+process on the whole batch.
+
+Reference: SAOTrainer.update on the global batch in this process. Each rank gets a contiguous slice
+and other micro-batch counts (micro_batch_tokens=96), so the balance passes, the global token counts,
+the global whitening and FSDP's summed reduce-scatter all have to be right; clipping binds
+(max_grad_norm below the gradient norms), so the gradient's scale matters, not only its direction.
+Last, `sao train` itself with trainer.world_size=2 (trainer.ranks drives the rank actors).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.support.trainer_data import synthetic_trajectories, tiny_policy
+from trainer import distributed
+from trainer.checkpoint import latest_checkpoint, read_state
+from trainer.config import TrainerConfig
+from trainer.losses import whiten_advantages
+from trainer.metrics import read_metrics
+from trainer.models import Critic
+from trainer.sao import SAOTrainer
+
+pytestmark = pytest.mark.slow
+CONFIG = {"lr": 1e-3, "critic_lr": 1e-3, "critic_warmup_steps": 0, "micro_batch_tokens": 96, "max_staleness": 100,
+          "max_grad_norm": 0.05}
+UPDATES = 2
+
+
+def batches():
+    return [synthetic_trajectories(10, seed=s) for s in range(UPDATES)]
+
+
+def build() -> SAOTrainer:
+    policy = tiny_policy()
+    return SAOTrainer(policy, Critic.from_policy(policy), TrainerConfig(**CONFIG))
+
+
+def _run(rank, world_size, address, variant, ckpt_dir):
+    """One rank of one run: the updates, then (rank 0) the metrics, the gathered weights, a checkpoint."""
+    rt = distributed.RankTrainer(rank, world_size, address, build)
+    if variant == "mean_of_rank_means":  # the classic mistake: per-rank token means, FSDP's averaging
+        from torch.distributed.fsdp import FSDPModule
+        rt.dp.sum = lambda x: x
+        rt.dp.whiten = whiten_advantages
+        for m in [*rt.trainer.policy.modules(), *rt.trainer.critic.modules()]:
+            if isinstance(m, FSDPModule):
+                m.set_gradient_divide_factor(float(world_size))
+    metrics = [rt.update(b) for b in batches()]
+    policy, critic = rt.policy_weights(), distributed.full_state_dict(rt.trainer.critic)
+    path = rt.save_checkpoint(ckpt_dir, 1, state=rt.counters(), keep=2) if ckpt_dir else None
+    rt.close()
+    return {"metrics": metrics, "policy": policy, "critic": critic, "path": path}
+
+
+def _ranks(rank, world_size, address, second_port, ckpt_dir):
+    """Both runs in the same two processes (a process start costs seconds): right, then the mistake."""
+    right = _run(rank, world_size, address, None, ckpt_dir)
+    wrong = _run(rank, world_size, (address[0], second_port), "mean_of_rank_means", None)
+    return {"right": right, "wrong": wrong} if rank == 0 else None
+
+
+def max_relative_error(a: dict, b: dict) -> float:
+    """max over tensors of ||a - b|| / ||b||."""
+    assert a.keys() == b.keys()
+    return max(((a[k].float() - b[k].float()).norm() / b[k].float().norm().clamp_min(1e-12)).item() for k in b)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    ckpt_dir = tmp_path_factory.mktemp("dp")
+    out = distributed.spawn(2, _ranks, distributed.free_port(), ckpt_dir)[0]
+    ref = build()
+    out["ref_metrics"] = [ref.update(b) for b in batches()]
+    out["ref"] = ref
+    return out
+
+
+def test_two_gloo_ranks_give_the_single_process_update(runs):
+    ref, right = runs["ref"], runs["right"]
+    print("relative errors: policy", max_relative_error(right["policy"], ref.policy.state_dict()),
+          "critic", max_relative_error(right["critic"], ref.critic.state_dict()),
+          "grad norms", [m[k] for m in runs["ref_metrics"] for k in m if k.endswith("grad_norm")])
+    assert max_relative_error(right["policy"], ref.policy.state_dict()) < 1e-5
+    assert max_relative_error(right["critic"], ref.critic.state_dict()) < 1e-5
+    start = build()  # the updates moved the weights well beyond the tolerance
+    assert max_relative_error(start.policy.state_dict(), ref.policy.state_dict()) > 1e-3
+    for mine, theirs in zip(right["metrics"], runs["ref_metrics"]):  # summed / token-weighted: the whole batch's
+        for key in theirs:
+            name = key.rsplit("/", 1)[-1]  # micro-batches: each rank groups its own rows
+            if name in distributed.SUMMED + distributed.TOKEN_MEANS + ("policy_version",) and name != "micro_batches":
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
+
+
+def test_power_averaging_per_rank_means_fails(runs):
+    ref, wrong = runs["ref"], runs["wrong"]
+    print("relative errors of the mistake: policy", max_relative_error(wrong["policy"], ref.policy.state_dict()),
+          "critic", max_relative_error(wrong["critic"], ref.critic.state_dict()))
+    assert max(max_relative_error(wrong["policy"], ref.policy.state_dict()),
+               max_relative_error(wrong["critic"], ref.critic.state_dict())) > 1e-3
+
+
+def test_the_gathered_checkpoint_resumes_a_single_process_trainer_exactly(runs):
+    """Today's checkpoint format (trainer/checkpoint.py): policy master, critic, int-keyed AdamW states."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer import checkpoint
+    from trainer.models import load_critic
+
+    ref, path = runs["ref"], runs["right"]["path"]
+    trainer = SAOTrainer(AutoModelForCausalLM.from_pretrained(path / "policy", dtype=torch.float32),
+                         load_critic(path / "critic"), ref.config)
+    checkpoint.restore_optimizers(path, trainer)
+    trainer.policy_version = checkpoint.read_state(path)["policy_version"]
+    assert trainer.policy_version == ref.policy_version == UPDATES
+    assert max_relative_error(trainer.policy.state_dict(), ref.policy.state_dict()) < 1e-5
+    nxt = synthetic_trajectories(10, seed=7)
+    ref.update(nxt)
+    trainer.update(nxt)
+    assert max_relative_error(trainer.policy.state_dict(), ref.policy.state_dict()) < 1e-5
+    assert max_relative_error(trainer.critic.state_dict(), ref.critic.state_dict()) < 1e-5
+
+
+def test_sao_train_with_two_ranks_checkpoints_what_one_process_resumes(project_root, tiny_model_dir, tmp_path):
+    """`sao train` with trainer.world_size=2 (two FSDP2 rank actors on gloo, the simulated env) runs 2
+    steps through the CLI; a world_size=1 run resumes from its checkpoint; both log the same metrics.
+    Rank start under load: trainer.actor_timeout_s=300."""
+    def sao_train(*extra):
+        cmd = [sys.executable, "-m", "sao.cli", "train", "--config", str(project_root / "configs/local.yaml"),
+               f"run.root={tmp_path}", "run.name=dp", f"model.cache_dir={tiny_model_dir.parent}",
+               "trainer.env=simulated", "sampling.max_tokens=8", "trainer.sim_turns_median=2",
+               "trainer.sim_env_sleep_s=0.02", "trainer.poll_interval_s=0.05", "trainer.batch_size=4",
+               "trainer.save_every=2", "trainer.actor_timeout_s=300", "trainer.batch_timeout_s=120",
+               "trainer.publish_timeout_s=120", "rollout.workers=2", "rollout.max_retries=0", *extra]
+        out = subprocess.run(cmd, cwd=project_root, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return out.stdout
+
+    run_dir = tmp_path / "dp"
+    first = sao_train("trainer.world_size=2", "trainer.max_steps=2")
+    assert "trainer: 2 FSDP2 ranks (gloo, store at 127.0.0.1)" in first
+    ckpt = latest_checkpoint(run_dir)
+    state = read_state(ckpt)
+    assert ckpt.name == "step-000002" and state["step"] == 2 and state["policy_version"] == 2
+    assert state["policy_optimizer_steps"] == 2 and state["critic_optimizer_steps"] == 4  # critic_steps=2
+
+    second = sao_train("trainer.world_size=1", "trainer.max_steps=3")
+    assert f"resuming {run_dir} from step-000002" in second
+    final = read_state(latest_checkpoint(run_dir))
+    assert final["step"] == 3 and final["policy_version"] == 3 and final["critic_optimizer_steps"] == 6
+    records = {r["step"]: r for r in read_metrics(run_dir)}
+    assert sorted(records) == [1, 2, 3]
+    assert records[2].keys() == records[3].keys()  # world_size 2 and 1, both checkpoint steps
+    for key in ("loss/value_loss", "loss/policy_loss", "critic/explained_variance", "policy/grad_norm",
+                "rollout/reward_mean", "perf/engine_idle_frac", "time/update_s", "time/publish_s"):
+        assert key in records[2], key
+    assert records[2]["rollout/trajectories"] == 4 and records[2]["policy/version"] == 2
