@@ -45,7 +45,7 @@ def gae_reference(values, rewards, mask, gamma: float, lam: float) -> tuple[list
 
     Walk backwards, remembering the value and advantage of the next masked position, so unmasked
     positions (observations, padding) are skipped, not discounted through. -> (advantages, returns),
-    0 outside mask. The fast functions below must agree with it (tests/test_gae.py).
+    0 outside mask. The fast functions below must agree with it (tests/trainer/test_gae.py).
     """
     n = len(values)
     adv, ret = [0.0] * n, [0.0] * n

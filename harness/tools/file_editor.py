@@ -13,7 +13,7 @@ Contract:
   shadow directory.
 - A Docker failure raises ``SandboxUnavailable`` (kept in ``.failure``).
 - It relies on private SDK attributes (``FileEditor._max_file_size``, ``._history_manager``);
-  ``tests/test_sdk_pins.py`` pins them.
+  ``tests/harness/test_sdk_pins.py`` pins them.
 """
 from __future__ import annotations
 

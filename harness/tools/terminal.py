@@ -9,7 +9,7 @@ Contract:
 - ``SandboxTerminalExecutor(target)``: the SDK's ``TerminalExecutor``; every shell it ever starts,
   including after ``reset=true`` or an ``exit`` typed by the agent, is a shell in the container: no
   code path can start a host shell. A dead container raises ``SandboxUnavailable`` (kept in ``.failure``).
-- It relies on private SDK attributes and methods; ``tests/test_sdk_pins.py`` pins them.
+- It relies on private SDK attributes and methods; ``tests/harness/test_sdk_pins.py`` pins them.
 """
 from __future__ import annotations
 
