@@ -233,7 +233,9 @@ class TaskFeed:
         for name in self.routes.values():
             if name in load:
                 load[name] += 1
-        best = min(ok, key=lambda r: load[r["replica"]])
+        least = min(load[r["replica"]] for r in ok)
+        tied = [r for r in ok if load[r["replica"]] == least]
+        best = tied[self.handed % len(tied)]  # ties in turn: a lone fast worker does not pin one replica
         self.routes[worker_id] = best["replica"]
         return {k: best[k] for k in ("replica", "url", "engine")}
 
