@@ -108,6 +108,12 @@ def fit_max_length(examples: list[dict], max_length: int | None, model_max: int 
 
 # --- the trainer --------------------------------------------------------------------------------
 
+# TRL's log names -> the metric families every run logs (`trainer.metrics.FAMILIES`)
+SFT_METRICS = {"loss": "loss/sft_loss", "grad_norm": "policy/grad_norm", "learning_rate": "policy/lr",
+               "mean_token_accuracy": "policy/token_accuracy", "entropy": "policy/entropy",
+               "num_tokens": "rollout/tokens", "epoch": "time/epoch"}
+
+
 def _progress_callback(logger: MetricsLogger | None, history: list[dict], verbose: bool):
     """A transformers callback: every TRL log line into `history`, metrics.jsonl and one printed line."""
     # lazy: transformers is heavy
@@ -125,7 +131,7 @@ def _progress_callback(logger: MetricsLogger | None, history: list[dict], verbos
             numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
             history.append({"step": state.global_step, **numbers})
             if logger is not None:
-                logger.log(state.global_step, numbers)
+                logger.log(state.global_step, {SFT_METRICS.get(k, f"policy/{k}"): v for k, v in numbers.items()})
             if verbose:
                 rate = (time.perf_counter() - self.t0) / max(state.global_step, 1)
                 print(f"step {state.global_step}/{state.max_steps} | loss {logs['loss']:.4f} | token acc "

@@ -12,6 +12,7 @@ from core.errors import UserError
 from harness.store import TraceStore
 from harness.trace import Segment, Trajectory
 from trainer.config import SFTConfig
+from trainer.metrics import family
 from trainer.sft import build_trainer, fit_max_length, load_sft_corpus, to_examples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +97,9 @@ def test_sao_sft_trains_action_tokens_and_writes_a_servable_model(tiny_model_dir
     assert f"model written to {model_dir.resolve()}" in out.splitlines()[-1]
     summary = json.loads((store / "sft" / "summary.json").read_text())
     assert summary["steps"] == 8 and summary["loss_last"] < summary["loss_first"] - 1.0, summary
-    losses = [json.loads(line)["loss"] for line in (store / "sft" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (store / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert all(family(k) for r in records for k in r if k not in ("step", "time")), records[0]
+    losses = [r["loss/sft_loss"] for r in records]
     assert len(losses) == 8 and losses[-1] == summary["loss_last"]
 
     # the saved config is the input model's (no router logits / aux loss switched on, same dtype)
