@@ -10,14 +10,14 @@
 from __future__ import annotations
 
 REPO_PATH = "/testbed"
-# Official runner (OpenHands/benchmarks, benchmarks/utils/fake_user_response.py): the reply to an agent
-# message that is not a tool call; from the second nudge on it also offers giving up.
+# The official OpenHands SWE-bench runner's fake-user reply to an agent message that is not a tool call;
+# from the second nudge on it also offers giving up.
 NUDGE = ("Please continue working on the task on whatever approach you think is suitable.\n"
          "When you think you have solved the question, please use the finish tool and include your final "
          "answer in the message parameter of the finish tool.\n"
          "IMPORTANT: YOU SHOULD NEVER ASK FOR HUMAN HELP.\n")
 NUDGE_GIVE_UP = 'If you want to give up, use the "finish" tool to finish the interaction.\n'
-# Official runner's SWE-bench prompt (OpenHands/benchmarks, benchmarks/swebench/prompts/default.j2).
+# The official OpenHands SWE-bench runner's default task prompt, word for word.
 INSTRUCTION_TEMPLATE = """\
 I have access to a python code repository in the directory {repo_path} . You can explore and modify files using the \
 available tools. Consider the following issue description:
