@@ -24,10 +24,10 @@ from pathlib import Path
 
 from core.errors import UserError
 from core.files import atomic_dir
-from harness.store import read_traces
 from harness.tiny_model import resolve_model_path
 from harness.trace import Trajectory
 from trainer.config import SFTConfig
+from trainer.corpus import Corpus, read_corpus
 from trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
 
 OUT_DIR = "sft"
@@ -41,34 +41,14 @@ SELECTS = {
 
 # --- the corpus ---------------------------------------------------------------------------------
 
-@dataclass
-class Corpus:
-    trajectories: list[Trajectory]
-    counts: dict[str, int] = field(default_factory=dict)  # read, used, and why the others were left out
-
-
 def load_sft_corpus(paths: list[str | Path], select: str = "resolved") -> Corpus:
     """The trajectories of every trace store in `paths` (run dir, traces dir or shard) that `select` keeps."""
     keep = SELECTS[select]
-    counts = dict(read=0, used=0, not_selected=0, no_action=0, duplicate=0)
-    seen: set[str] = set()
-    kept: list[Trajectory] = []
-    for path in paths:
-        try:
-            stored = read_traces(path)
-        except UserError as e:
-            raise UserError(f"sft.traces: {e} (sample trajectories with `sao rollout` first)") from None
-        for traj in stored:
-            counts["read"] += 1
-            reason = ("duplicate" if traj.traj_id in seen else "not_selected" if not keep(traj)
-                      else "no_action" if traj.num_action_tokens == 0 else None)
-            seen.add(traj.traj_id)
-            if reason:
-                counts[reason] += 1
-            else:
-                kept.append(traj)
-    counts["used"] = len(kept)
-    return Corpus(kept, counts)
+
+    def skip_reason(traj: Trajectory) -> str | None:
+        return "not_selected" if not keep(traj) else "no_action" if traj.num_action_tokens == 0 else None
+
+    return read_corpus(paths, skip_reason, ("not_selected", "no_action"), key="sft.traces")
 
 
 def to_examples(trajectories: list[Trajectory]) -> list[dict]:

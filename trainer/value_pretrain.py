@@ -30,11 +30,11 @@ import torch
 
 from core.errors import UserError
 from core.files import atomic_dir
-from harness.store import read_traces
 from harness.tiny_model import resolve_model_path
 from harness.trace import Trajectory
 from trainer.batch import TrajectoryBatch, build_batch, micro_batches
 from trainer.config import TrainerConfig, ValuePretrainConfig
+from trainer.corpus import Corpus, read_corpus
 from trainer.gae import skip_observation_gae
 from trainer.losses import explained_variance, value_loss
 from trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
@@ -47,10 +47,14 @@ CHECKPOINT_DIR = "critic"
 
 # --- the corpus ---------------------------------------------------------------------------------
 
-@dataclass
-class Corpus:
-    trajectories: list[Trajectory]
-    counts: dict[str, int] = field(default_factory=dict)  # read, used and why the others were skipped
+def _skip_reason(traj: Trajectory) -> str | None:
+    if traj.reward is None:
+        return "unrewarded"
+    if traj.breaks:
+        return "breaks"
+    if traj.num_action_tokens == 0:
+        return "no_action"
+    return "action_first" if traj.is_action[0] else None
 
 
 def load_corpus(paths: list[str | Path]) -> Corpus:
@@ -60,37 +64,10 @@ def load_corpus(paths: list[str | Path]) -> Corpus:
     token first, a traj_id already seen (the same store listed twice). Trajectories sampled by a
     policy version > 0 are kept and counted (`later_policy`): they are not the initial policy's.
     """
-    counts = dict(read=0, used=0, unrewarded=0, breaks=0, no_action=0, action_first=0, duplicate=0,
-                  later_policy=0)
-    seen: set[str] = set()
-    kept: list[Trajectory] = []
-    for path in paths:
-        try:
-            stored = read_traces(path)
-        except UserError as e:
-            raise UserError(f"value_pretrain.traces: {e} (sample a corpus with `sao rollout` first)") from None
-        for traj in stored:
-            counts["read"] += 1
-            if traj.traj_id in seen:
-                reason = "duplicate"
-            elif traj.reward is None:
-                reason = "unrewarded"
-            elif traj.breaks:
-                reason = "breaks"
-            elif traj.num_action_tokens == 0:
-                reason = "no_action"
-            elif traj.is_action[0]:
-                reason = "action_first"
-            else:
-                reason = None
-            seen.add(traj.traj_id)
-            if reason:
-                counts[reason] += 1
-                continue
-            counts["later_policy"] += bool(traj.versions and traj.versions[-1] > 0)
-            kept.append(traj)
-    counts["used"] = len(kept)
-    return Corpus(kept, counts)
+    corpus = read_corpus(paths, _skip_reason, ("unrewarded", "breaks", "no_action", "action_first"),
+                         key="value_pretrain.traces")
+    corpus.counts["later_policy"] = sum(bool(t.versions and t.versions[-1] > 0) for t in corpus.trajectories)
+    return corpus
 
 
 def monte_carlo_returns(batch: TrajectoryBatch, gamma: float = 1.0) -> torch.Tensor:
