@@ -6,7 +6,9 @@ SAO := $(VENV)/bin/sao
 CONFIG ?= configs/local.yaml
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: setup docker images test test-fast lint demo rollout-swe train value-pretrain sft eval bench clean
+CONFIG_LEARN ?= configs/learn.yaml
+
+.PHONY: setup docker images test test-fast lint demo learn rollout-swe train value-pretrain sft eval bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -30,6 +32,9 @@ lint: setup            ## ruff, then the one-way layers contract (import-linter)
 
 demo: setup docker     ## the main job on the embedded default: rollout, train, eval
 	@$(SAO) demo --config $(CONFIG)
+
+learn: setup docker    ## the learning demo: expert traces -> SFT warm start -> SAO vs GRPO+DIS vs GRPO -> eval
+	@$(SAO) learn --config $(CONFIG_LEARN)
 
 rollout-swe: setup docker
 	@$(SAO) rollout --config $(CONFIG)

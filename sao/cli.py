@@ -1,7 +1,7 @@
 """`sao`: the one command line of sao-harness.
 
 Every area registers its own subcommands (``envs.cli``, ``tasks.cli``, ``harness.cli``,
-``trainer.cli``, ``eval.cli``, ``sao.serve``; ``sao config`` and ``sao demo`` are here);
+``trainer.cli``, ``eval.cli``, ``sao.serve``; ``sao config``, ``sao demo`` and ``sao learn`` are here);
 registration is import-light, heavy imports happen in handlers.
 A command that takes a config gets ``--config FILE`` and dotted overrides (``trainer.lr=1e-6``);
 the config is validated before any work, and a bad one is a one-line error with exit code 2.
@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job on the embedded default: rollout, train, eval")
     add_config_args(p)
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("learn", help="the learning demo: expert traces, SFT warm start, then SAO vs GRPO+DIS vs GRPO "
+                                     "for the same wall time, each evaluated (default config: configs/learn.yaml)")
+    add_config_args(p)
+    p.set_defaults(func=cmd_learn)
     return parser
 
 
@@ -59,6 +63,12 @@ def cmd_demo(args) -> int:
     from sao.demo import run_demo  # lazy: the demo pulls in every stage
 
     return run_demo(args.cfg)
+
+
+def cmd_learn(args) -> int:
+    from sao.learn import run_learn  # lazy: the learning demo pulls in every stage
+
+    return run_learn(args.cfg)
 
 
 def load_args_config(args: argparse.Namespace):

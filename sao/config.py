@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from core.config import ConfigError, RunConfig, Section, dump_yaml, load_yaml, validate
 from envs.config import DockerConfig, SandboxConfig
@@ -28,6 +28,31 @@ from tasks.config import TasksConfig
 from trainer.config import SFTConfig, TrainerConfig, ValuePretrainConfig
 
 __all__ = ["Config", "ConfigError", "config_table", "dump_config", "load_config"]
+
+
+# The bundled tasks split by task within each code base (sao learn): the two with the shortest expert
+# episodes train, the next one is held out.
+LEARN_TRAIN = ["sao-harness__minicfg-8", "sao-harness__minicfg-14", "sao-harness__semverkit-34",
+               "sao-harness__semverkit-31", "sao-harness__spanlib-5", "sao-harness__spanlib-8",
+               "sao-harness__tablefmt-13", "sao-harness__tablefmt-9"]
+LEARN_HELDOUT = ["sao-harness__minicfg-11", "sao-harness__semverkit-38", "sao-harness__spanlib-19",
+                 "sao-harness__tablefmt-16"]
+ARMS = ("sao", "grpo+dis", "grpo")
+
+
+class LearnConfig(Section):
+    """`sao learn`: expert traces -> SFT warm start -> SAO, GRPO+DIS and GRPO for the same wall time -> eval."""
+
+    train_tasks: list[str] = Field(LEARN_TRAIN, description="tasks of the expert traces, SFT and RL (and the "
+                                   "headline resolved@1)")
+    heldout_tasks: list[str] = Field(LEARN_HELDOUT, description="tasks only evaluated, never trained on")
+    samples: int = Field(4, gt=0, description="episodes per task and policy in each evaluation (T = "
+                         "eval.temperature); resolved@1 is their mean")
+    minutes: float = Field(8.0, gt=0, description="wall-clock training budget of each RL run (trainer.max_minutes)")
+    arms: list[Literal["sao", "grpo+dis", "grpo"]] = Field(list(ARMS), description="the RL runs, each from the "
+                                                          "same warm start: sao = the trainer section as configured; "
+                                                          "grpo+dis / grpo = sync groups, GRPO advantages, DIS / "
+                                                          "the PPO clip")
 
 
 class Config(Section):
@@ -47,6 +72,7 @@ class Config(Section):
     value_pretrain: ValuePretrainConfig = ValuePretrainConfig()
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()
+    learn: LearnConfig = LearnConfig()
 
     @model_validator(mode="after")
     def _trainer_samples_like_the_engine(self) -> Config:

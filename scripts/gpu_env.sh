@@ -1,41 +1,20 @@
 #!/usr/bin/env bash
-# The GPU environment (requirements-gpu.txt): vLLM with the torch / transformers it pins.
-#   bash scripts/gpu_env.sh check           resolver dry run (metadata only, no wheel is installed)
-#   bash scripts/gpu_env.sh install [VENV]  create VENV (default .venv-gpu) and install into it
-# Its requirements: requirements-gpu.txt + pyproject.toml's dependencies except torch, transformers
-# and openhands-* (see requirements-gpu.txt for why). The resolver is uv, installed with pip into a
-# scratch venv: pip's backtracking over this set takes more than half an hour, uv under a minute.
+# Resolver dry run of the `gpu` extra (vLLM, engine.kind=vllm): does `pip install -e '.[gpu]'` resolve
+# for Python 3.12 on x86_64 Linux? Metadata only, no wheel is installed (under a minute). Prints the
+# resolved vllm / torch / transformers / mcp / openhands-sdk. To install: pip install -e '.[gpu]'.
+# The resolver is uv, installed with pip into a scratch venv. pip's own dry run
+# (`pip install --dry-run --ignore-installed -e '.[gpu]'`) resolves too, but downloads the wheels
+# (vLLM, torch, the CUDA libraries: over a GB) to read their metadata; uv reads it without them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mode=${1:-check}
 py=${SAO_PYTHON:-.venv/bin/python}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-"$py" - "$tmp/requirements.in" <<'PY'
-import re, sys, tomllib
-deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-drop = re.compile(r"^(torch|transformers|openhands-[a-z-]+)\b")
-gpu = [l.strip() for l in open("requirements-gpu.txt") if l.strip() and not l.startswith("#")]
-open(sys.argv[1], "w").write("\n".join([d for d in deps if not drop.match(d)] + gpu) + "\n")
-PY
-
 "$py" -m venv "$tmp/uv"
 "$tmp/uv/bin/pip" install -q --disable-pip-version-check uv==0.13.9
+echo "-e .[gpu]" > "$tmp/requirements.in"
 "$tmp/uv/bin/uv" pip compile --quiet --no-header --python-version 3.12 \
     --python-platform x86_64-manylinux_2_28 --index-url https://pypi.org/simple \
     "$tmp/requirements.in" -o "$tmp/requirements.lock"
-for pin in vllm==0.33.0 torch==2.14.0; do
-    grep -q "^$pin\$" "$tmp/requirements.lock" || { echo "gpu_env: $pin not in the resolution" >&2; exit 1; }
-done
-grep -E '^(vllm|torch|transformers|ray|fastapi)==' "$tmp/requirements.lock" | sed 's/^/gpu_env: resolves /'
-
-if [ "$mode" = install ]; then
-    venv=${2:-.venv-gpu}
-    "$py" -m venv "$venv"
-    "$venv/bin/pip" install -r "$tmp/requirements.lock"
-    "$venv/bin/pip" install --no-deps -e .
-    echo "gpu_env: $venv ready (engine.kind=vllm; the OpenHands agent is not in it)"
-elif [ "$mode" != check ]; then
-    echo "usage: bash scripts/gpu_env.sh [check | install [VENV]]" >&2; exit 2
-fi
+grep -E '^(vllm|torch|transformers|mcp|openhands-sdk)==' "$tmp/requirements.lock" | sed 's/^/gpu_env: resolves /'

@@ -20,6 +20,9 @@ class TrainerConfig(Section):
     batch_size: int = Field(128, gt=0, description="trajectories per policy step [paper]")
     group_size: int = Field(8, gt=0, description="sync mode: rollouts per task (G)")
     max_steps: int = Field(1000, gt=0, description="policy steps to run")
+    max_minutes: float | None = Field(None, gt=0, description="wall-clock budget of this process's training loop: "
+                                      "the first step that ends past it is checkpointed and the run stops; null = "
+                                      "max_steps alone decides")
     max_staleness: int = Field(4, ge=0, description="how many policy versions a trajectory's oldest token may lag "
                                "behind; older trajectories are dropped and counted")
     save_every: int = Field(10, gt=0, description="checkpoint every N policy steps")
@@ -211,7 +214,10 @@ class SFTConfig(Section):
                                                            "0; all = every one with an action token")
     out_dir: str | None = Field(None, description="where the model directory (model + tokenizer) is written; "
                                 "null = `<run>/sft/model`")
-    lr: float = Field(1e-5, gt=0, description="AdamW learning rate, linear decay to 0 [choice]")
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate [choice]")
+    lr_schedule: Literal["linear", "constant"] = Field("linear", description="linear: decay to 0 over the run; "
+                                                      "constant: the same lr throughout (a run of N steps is the "
+                                                      "first N steps of a longer one)")
     epochs: float = Field(3.0, gt=0, description="passes over the examples (unless max_steps is set)")
     batch_size: int = Field(1, gt=0, description="examples (token sequences) per micro-batch, padded to the longest")
     grad_accum: int = Field(1, gt=0, description="micro-batches per optimizer step")

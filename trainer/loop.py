@@ -282,6 +282,7 @@ def _train(cfg, update_fn, log) -> dict:
         t_loop = time.monotonic()
         eng0 = eng_prev = engines.stats()
         t_prev, wait_total, trained_here = t_loop, 0.0, 0
+        budget_s = tc.max_minutes * 60 if tc.max_minutes else float("inf")
         while step < tc.max_steps:
             counters.step_counts = {}
             t0 = time.monotonic()
@@ -312,7 +313,8 @@ def _train(cfg, update_fn, log) -> dict:
                             "time/wait_s": t1 - t0, "time/update_s": t2 - t1, "time/publish_s": t3 - t2,
                             "time/step_s": now - t_prev})
             t4 = time.monotonic()
-            if step % tc.save_every == 0 or step == tc.max_steps:
+            out_of_time = time.monotonic() - t_loop >= budget_s  # checked once: the step it is true is saved
+            if step % tc.save_every == 0 or step == tc.max_steps or out_of_time:
                 feed_state = get(feed.state.remote(), timeout, "task feed state")
                 path = save(run_dir, step, tokenizer=tokenizer, keep=tc.keep_checkpoints, state={
                                            "policy_version": trainer.policy_version, "updates": trainer.updates,
@@ -328,6 +330,9 @@ def _train(cfg, update_fn, log) -> dict:
                 + (f" | saved {Path(summary['checkpoint']).name}" if "time/checkpoint_s" in metrics else ""))
             eng_prev, t_prev = eng, now
             summary["steps"] = step
+            if out_of_time:
+                log(f"sao train: trainer.max_minutes={tc.max_minutes:g} reached at step {step}; stopping")
+                break
 
         pool.check()  # a death during the last step is reported too
         wall = time.monotonic() - t_loop

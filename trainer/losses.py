@@ -187,13 +187,14 @@ def whiten_advantages(advantages: torch.Tensor, action_mask: torch.Tensor, eps: 
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, action_mask: torch.Tensor) -> float:
-    """1 - Var(G - V) / Var(G) over action tokens; nan when Var(G) = 0 (nothing to explain)."""
+    """1 - Var(G - V) / Var(G) over action tokens; nan when Var(G) ~ 0 (nothing to explain: returns equal up
+    to rounding, e.g. every reward 0, where the ratio would be rounding noise over rounding noise)."""
     _check_same_shape(action_mask, values=values, returns=returns)
     v, g = values[action_mask].double(), returns[action_mask].double()
     if g.numel() == 0:
         return float("nan")
     var_g = g.var(unbiased=False)
-    if var_g == 0:
+    if var_g <= 1e-12 * max(1.0, g.abs().max().item() ** 2):
         return float("nan")
     return (1.0 - (g - v).var(unbiased=False) / var_g).item()
 

@@ -145,8 +145,8 @@ def build_trainer(model_path: str, examples: list[dict], sft: SFTConfig, output_
     if cuda and not torch.cuda.is_available():
         raise UserError("sft.device='cuda', but no CUDA device is available")
     args = TRLConfig(
-        output_dir=str(output_dir), learning_rate=sft.lr, num_train_epochs=sft.epochs,
-        max_steps=sft.max_steps or -1, per_device_train_batch_size=sft.batch_size,
+        output_dir=str(output_dir), learning_rate=sft.lr, lr_scheduler_type=sft.lr_schedule,
+        num_train_epochs=sft.epochs, max_steps=sft.max_steps or -1, per_device_train_batch_size=sft.batch_size,
         gradient_accumulation_steps=sft.grad_accum, max_length=max_length,
         assistant_only_loss=False,  # needs a conversational dataset; the `assistant_masks` column applies anyway
         completion_only_loss=False, packing=False, padding_free=False,

@@ -1,8 +1,8 @@
 """``vllm`` engine: vLLM's async engine (v1 ``AsyncLLM``) on GPUs. Imported only when selected.
 
-Written against vLLM 0.33.0's public Python API (read from its source); it needs a GPU and the
-separate GPU environment (``requirements-gpu.txt``, see the README) and was not run on the CPU
-machines this project is tested on. The code around the engine is tested with a fake ``vllm`` that
+Written against vLLM's public Python API (read from the source of 0.33.0 and checked against 0.29.0,
+the release the ``gpu`` extra pins); it needs a GPU and ``pip install -e '.[gpu]'`` and was not run on
+the CPU machines this project is tested on. The code around the engine is tested with a fake ``vllm`` that
 behaves like the real one at its boundaries (RPC arguments serialised, the prefix-cache reset
 refused while requests hold blocks, vLLM's temperature rules).
 
@@ -165,8 +165,8 @@ class VLLMEngine(Engine):
             import vllm
             from vllm.inputs import TokensPrompt
         except ImportError as e:
-            raise EngineError("engine.kind=vllm needs vLLM and a GPU (the GPU environment: "
-                              f"requirements-gpu.txt, see the README); import failed: {e}") from None
+            raise EngineError("engine.kind=vllm needs vLLM and a GPU (pip install -e '.[gpu]', see the "
+                              f"README); import failed: {e}") from None
         self._vllm, self._tokens_prompt = vllm, TokensPrompt
         self.model_path = str(model_path)
         self.timeout_s = timeout_s

@@ -282,3 +282,17 @@ def test_train_cli_rejects_a_sync_batch_of_partial_groups(project_root, tmp_path
                             cwd=project_root, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "must be a multiple of trainer.group_size" in result.stderr
+
+
+def test_max_minutes_stops_the_loop_and_saves_the_last_step(ray_address, project_root, tmp_path):
+    """trainer.max_minutes: the first step that ends past the budget is checkpointed and the run stops,
+    long before max_steps; without it the same run would go on (sao learn gives each arm the same budget)."""
+    from trainer.loop import train
+
+    cfg = sim_cfg(tmp_path, "budget", project_root, "trainer.max_steps=1000", "trainer.save_every=1000",
+                  "trainer.max_minutes=0.1", "trainer.batch_size=2", "trainer.sim_engine_s=0.01")
+    summary = train(cfg, log=lambda m: None)
+    assert 1 <= summary["steps"] < 1000
+    assert summary["wall_s"] >= 6.0
+    last = latest_checkpoint(cfg.run.dir)
+    assert last is not None and read_state(last)["step"] == summary["steps"]

@@ -1,0 +1,88 @@
+"""`sao learn`: resolved@1 from the evaluations' grades, the last line, the arms' configs, the report."""
+import json
+import math
+import re
+
+import pytest
+
+from sao.config import load_config
+from sao.learn import ARM_OVERRIDES, WARM, eval_resolved, headline
+from sao.learn_report import write_report
+
+LINE = re.compile(r"^learn: sao (\d+)% -> (\d+)%, grpo\+dis (\d+)% -> (\d+)%, grpo (\d+)% -> (\d+)% "
+                  r"\(resolved@1, T=1, training tasks\)$")
+
+
+def grades(d, records):
+    d.mkdir(parents=True)
+    (d / "grades.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return d
+
+
+def g(iid, resolved, status=None):
+    return {"instance_id": iid, "status": status or ("resolved" if resolved else "unresolved"),
+            "resolved_guarded": resolved}
+
+
+def test_resolved_at_1_is_the_mean_over_tasks_and_samples_without_infra(tmp_path):
+    train, heldout = ["a", "b"], ["c"]
+    s0 = grades(tmp_path / "s0", [g("a", False), g("a", True), g("b", False), g("c", True)])  # a: last line wins
+    s1 = grades(tmp_path / "s1", [g("a", True), g("b", False, "infra_failure")])  # c: no prediction
+    r = eval_resolved([s0, s1], train, heldout)
+    # train: a (s0) 1, b (s0) 0, a (s1) 1; b (s1) is an infra failure -> 2 / 3
+    assert r["train"] == {"resolved": 2, "graded": 3, "infra_failures": 1, "rate": pytest.approx(2 / 3)}
+    assert r["heldout"] == {"resolved": 1, "graded": 1, "infra_failures": 1, "rate": 1.0}
+    # an official-only resolution (guarded verdict false) is not resolved
+    s2 = grades(tmp_path / "s2", [{"instance_id": "a", "status": "unresolved", "resolved_official": True,
+                                   "resolved_guarded": False}])
+    assert eval_resolved([s2], ["a"], [])["train"]["resolved"] == 0
+    # nothing graded: no rate, not 0
+    assert eval_resolved([tmp_path / "missing"], ["a"], [])["train"]["rate"] is None
+
+
+def test_the_last_line_has_the_exact_form():
+    results = {WARM: {"train": {"rate": 0.1875}}, "sao": {"train": {"rate": 0.53125}},
+               "grpo+dis": {"train": {"rate": 0.25}}, "grpo": {"train": {"rate": 0.21875}}}
+    line = headline(results, ["sao", "grpo+dis", "grpo"])
+    assert LINE.match(line), line
+    assert line == "learn: sao 19% -> 53%, grpo+dis 19% -> 25%, grpo 19% -> 22% (resolved@1, T=1, training tasks)"
+    assert "n/a" in headline({WARM: {"train": {"rate": 0.2}}}, ["sao", "grpo+dis", "grpo"])  # an arm failed
+
+
+def test_the_arms_are_the_algorithms_they_are_named_after(project_root):
+    base = load_config(project_root / "configs/learn.yaml", [])
+    assert base.trainer.mode == "async" and base.trainer.advantage == "gae" and base.trainer.policy_loss == "dis"
+    sao = load_config(project_root / "configs/learn.yaml", ARM_OVERRIDES["sao"])
+    grpo_dis = load_config(project_root / "configs/learn.yaml", ARM_OVERRIDES["grpo+dis"])
+    grpo = load_config(project_root / "configs/learn.yaml", ARM_OVERRIDES["grpo"])
+    assert (sao.trainer.mode, sao.trainer.advantage, sao.trainer.policy_loss) == ("async", "gae", "dis")
+    assert (grpo_dis.trainer.mode, grpo_dis.trainer.advantage, grpo_dis.trainer.policy_loss) == ("sync", "grpo", "dis")
+    assert (grpo.trainer.mode, grpo.trainer.advantage, grpo.trainer.policy_loss) == ("sync", "grpo", "ppo")
+    for cfg in (grpo_dis, grpo):  # a sync batch is whole groups
+        assert cfg.trainer.batch_size % cfg.trainer.group_size == 0
+    # the split: held-out tasks are never trained on, and every task is a bundled one
+    assert not set(base.learn.train_tasks) & set(base.learn.heldout_tasks)
+    bundled = {p.name for p in (project_root / "tasks/bundled/tasks").iterdir()}
+    assert set(base.learn.train_tasks) | set(base.learn.heldout_tasks) <= bundled
+
+
+def test_report_files(tmp_path, project_root):
+    cfg = load_config(project_root / "configs/learn.yaml", [])
+    arm = tmp_path / "sao"
+    arm.mkdir()
+    (arm / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "time": 1000.0 + 10 * i, "rollout/reward_mean": i / 10, "policy/entropy": 0.5,
+                    "critic/explained_variance": math.nan if i == 1 else 0.1 * i, "policy/dis_masked": 0.0,
+                    "rollout/trained_total": 8 * i}) + "\n" for i in range(1, 8)))
+    rate = {"resolved": 1, "graded": 4, "infra_failures": 0, "rate": 0.25}
+    results = {WARM: {"train": rate, "heldout": rate}, "sao": {"train": {**rate, "resolved": 3, "rate": 0.75},
+                                                               "heldout": rate}}
+    files = write_report(tmp_path / "report", cfg=cfg, root=tmp_path, results=results, arms=["sao"],
+                         arm_dirs={"sao": arm}, stages={"train sao": "ok"}, seconds={"train sao": 60.0},
+                         wall_s=600.0, headline="learn: ...")
+    assert sorted(f.name for f in files) == ["learn.html", "learn.json", "learn.md", "learn.png"]
+    md = (tmp_path / "report/learn.md").read_text()
+    assert "| sao | 75.0% (3/4) | 25.0% (1/4) | 0 | 7 | 56 | 0.30 -> 0.50 |" in md
+    facts = json.loads((tmp_path / "report/learn.json").read_text())
+    assert facts["results"]["sao"]["train"]["rate"] == 0.75 and facts["wall_s"] == 600.0
+    assert (tmp_path / "report/learn.png").stat().st_size > 10_000
