@@ -59,7 +59,7 @@ def rows(results: dict, arms: list[str], arm_dirs: dict[str, Path]) -> list[dict
             records = read_metrics(arm_dirs[policy])
             s = summarize(policy, records)
             trained = [r["rollout/trained_total"] for r in records if "rollout/trained_total" in r]
-            row.update(steps=s["steps"], trajectories=trained[-1] if trained else "-",
+            row.update(steps=s["steps"], trajectories=int(trained[-1]) if trained else "-",
                        reward="-" if s["reward_first5"] is None else
                        f"{s['reward_first5']:.2f} -> {s['reward_last5']:.2f}")
         out.append(row)

@@ -86,3 +86,31 @@ def test_report_files(tmp_path, project_root):
     facts = json.loads((tmp_path / "report/learn.json").read_text())
     assert facts["results"]["sao"]["train"]["rate"] == 0.75 and facts["wall_s"] == 600.0
     assert (tmp_path / "report/learn.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_sao_learn_runs_every_stage_end_to_end(tmp_path, project_root, docker_engine):
+    """`sao learn` on the real path at the smallest scale: one training and one held-out task, 2 SFT
+    steps, 0.1 min per arm, 1 sample; every stage runs, the report is written, the last line has the
+    exact form (the numbers are whatever they are: this checks the plumbing, `make learn` the learning)."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "sao.cli", "learn", "--config", str(project_root / "configs/learn.yaml"),
+            f"run.root={tmp_path}", "run.name=mini", f"model.cache_dir={project_root / '.cache/sao'}",
+            "learn.train_tasks=[sao-harness__spanlib-5]", "learn.heldout_tasks=[sao-harness__tablefmt-9]",
+            "learn.samples=1", "learn.minutes=0.1", "sft.max_steps=2", "trainer.batch_size=4",
+            "rollout.max_retries=0", "agent.max_iterations=2"]
+    r = subprocess.run(args, cwd=project_root, capture_output=True, text=True, timeout=1200)
+    out = r.stdout.strip().splitlines()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert LINE.match(out[-1]), out[-1]
+    (run,) = tmp_path.glob("mini-*")
+    facts = json.loads((run / "report/learn.json").read_text())
+    assert all(s["status"] == "ok" for s in facts["stages"].values())
+    assert set(facts["results"]) == {WARM, "sao", "grpo+dis", "grpo"}
+    for result in facts["results"].values():  # one graded episode per task: a verdict, not an infra failure
+        assert result["train"]["graded"] == 1 and result["heldout"]["graded"] == 1
+    assert (run / "warm_start/config.json").is_file() and (run / "report/learn.html").is_file()
+    for arm in ("sao", "grpo-dis", "grpo"):
+        assert list((run / arm / "checkpoints").iterdir()), arm
