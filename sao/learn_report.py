@@ -46,8 +46,13 @@ def _pct(rate) -> str:
     return "-" if rate is None else f"{100 * rate:.1f}%"
 
 
-def rows(results: dict, arms: list[str], arm_dirs: dict[str, Path]) -> list[dict]:
-    """One row per evaluated policy (see the module doc)."""
+def arm_metrics(arms: list[str], arm_dirs: dict[str, Path]) -> dict[str, list[dict]]:
+    """Each arm's metrics.jsonl records ([] when it wrote none)."""
+    return {arm: read_metrics(arm_dirs[arm]) if (arm_dirs[arm] / "metrics.jsonl").is_file() else [] for arm in arms}
+
+
+def rows(results: dict, runs: dict[str, list[dict]]) -> list[dict]:
+    """One row per evaluated policy (see the module doc); ``runs``: ``arm_metrics``."""
     out = []
     for policy, r in results.items():
         row = {"policy": policy,
@@ -55,8 +60,8 @@ def rows(results: dict, arms: list[str], arm_dirs: dict[str, Path]) -> list[dict
                "heldout": f"{_pct(r['heldout']['rate'])} ({r['heldout']['resolved']}/{r['heldout']['graded']})",
                "infra": r["train"]["infra_failures"] + r["heldout"]["infra_failures"],
                "steps": "-", "trajectories": "-", "reward": "-"}
-        if policy in arms and (arm_dirs[policy] / "metrics.jsonl").is_file():
-            records = read_metrics(arm_dirs[policy])
+        records = runs.get(policy)
+        if records:
             s = summarize(policy, records)
             trained = [r["rollout/trained_total"] for r in records if "rollout/trained_total" in r]
             row.update(steps=s["steps"], trajectories=int(trained[-1]) if trained else "-",
@@ -76,14 +81,13 @@ def markdown_table(table: list[dict]) -> str:
     return head + "".join("| " + " | ".join(str(r[k]) for k, _ in COLUMNS) + " |\n" for r in table)
 
 
-def _plot(path: Path, results: dict, arms: list[str], arm_dirs: dict[str, Path]) -> None:
+def _plot(path: Path, results: dict, runs: dict[str, list[dict]]) -> None:
     import matplotlib  # lazy: heavy, only for the figure
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: heavy, only for the figure
 
     fig, axes = plt.subplots(1, len(CURVES) + 1, figsize=(4.6 * (len(CURVES) + 1), 3.8))
-    colors = {arm: f"C{i}" for i, arm in enumerate(arms)}
-    runs = {arm: read_metrics(arm_dirs[arm]) if (arm_dirs[arm] / "metrics.jsonl").is_file() else [] for arm in arms}
+    colors = {arm: f"C{i}" for i, arm in enumerate(runs)}
     for ax, (key, title, scale) in zip(axes, CURVES):
         ax.set_title(title, fontsize=10)
         for arm, records in runs.items():
@@ -118,7 +122,8 @@ def write_report(out: Path, *, cfg, root: Path, results: dict, arms: list[str], 
                  stages: dict[str, str], seconds: dict[str, float], wall_s: float, headline: str) -> list[Path]:
     """Write the four files into ``out``; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    table = rows(results, arms, arm_dirs)
+    runs = arm_metrics(arms, arm_dirs)
+    table = rows(results, runs)
     lc = cfg.learn
     facts = {"dir": str(root), "machine": machine(), "wall_s": round(wall_s, 1), "headline": headline,
              "train_tasks": lc.train_tasks, "heldout_tasks": lc.heldout_tasks, "samples": lc.samples,
@@ -131,8 +136,8 @@ def write_report(out: Path, *, cfg, root: Path, results: dict, arms: list[str], 
                f"{facts['machine']}; whole run {wall_s / 60:.1f} min")
     atomic_write_text(files[1], f"# sao learn\n\n{headline}\n\n{summary}\n\n{markdown_table(table)}\n"
                                 f"![curves](learn.png)\n")
-    if any(a in results for a in arms) or results:
-        _plot(files[2], results, arms, arm_dirs)
+    if results:
+        _plot(files[2], results, runs)
     image = base64.b64encode(files[2].read_bytes()).decode() if files[2].is_file() else ""
     head = "".join(f"<th>{html.escape(t)}</th>" for _, t in COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r[k]))}</td>" for k, _ in COLUMNS) + "</tr>"
