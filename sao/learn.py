@@ -7,7 +7,9 @@ the OpenHands agent, a Docker sandbox and the guarded grader:
 2. ``warm_start/``: ``sao sft`` on them (TRL) -> the warm start, a model directory;
 3. ``<arm>/``: for each of ``learn.arms``, ``sao train`` from the warm start for ``learn.minutes`` of
    wall time (``trainer.max_minutes``): ``sao`` = the trainer section as configured, ``grpo-dis`` /
-   ``grpo`` = sync groups of ``trainer.group_size``, GRPO advantages, DIS / the PPO clip;
+   ``grpo`` = sync groups of ``trainer.group_size``, GRPO advantages, DIS / the PPO clip. The sao arm
+   first pretrains its critic (``sao-value/``: ``learn.value_episodes`` warm-start episodes per task,
+   then ``sao value-pretrain``); that time is taken out of its ``learn.minutes``;
 4. ``eval/<policy>/s<i>``: the warm start and each arm's last checkpoint, ``learn.samples`` times
    (``run.seed`` = i) on the training and the held-out tasks at ``eval.temperature``;
    resolved@1 = mean over (task, sample) of the guarded verdict; infra failures are left out and counted;
@@ -34,6 +36,7 @@ ARM_OVERRIDES = {
     "grpo": ["trainer.mode=sync", "trainer.advantage=grpo", "trainer.policy_loss=ppo"],
 }
 WARM = "warm start"
+VALUE_DIR = "sao-value"
 
 
 def _list(items: list[str]) -> str:
@@ -95,6 +98,19 @@ class Stages:
         return rc == 0
 
 
+def value_pretrain(stages: Stages, at, warm: Path, train_only: str, episodes: int) -> list[str] | None:
+    """The sao arm's critic cold-start fix: ``episodes`` warm-start episodes per training task, then
+    ``sao value-pretrain`` on their Monte-Carlo returns (in ``sao-value/``) -> the override that starts
+    the arm's critic from it; [] with ``episodes`` = 0; None when a stage failed."""
+    if episodes == 0:
+        return []
+    ok = (stages.run("sao value data", ["rollout", *at(VALUE_DIR), f"model.path={warm}", train_only,
+                                        f"rollout.episodes_per_task={episodes}"])
+          and stages.run("sao value pretrain", ["value-pretrain", *at(VALUE_DIR), f"model.path={warm}"]))
+    critic = stages.config.parent / VALUE_DIR / "value_pretrain" / "critic"
+    return [f"trainer.value_pretrain_checkpoint={critic}"] if ok else None
+
+
 def run_learn(cfg, log=print) -> int:
     t_start = time.monotonic()
     lc = cfg.learn
@@ -133,8 +149,14 @@ def run_learn(cfg, log=print) -> int:
         evals[WARM] = evaluate(WARM, "sft", str(warm))
         for arm in lc.arms:
             stage = ARM_DIRS[arm]
+            t_arm = time.monotonic()
+            critic = value_pretrain(stages, at, warm, train_only, lc.value_episodes) if arm == "sao" else []
+            if critic is None:
+                continue
+            minutes = lc.minutes - (time.monotonic() - t_arm) / 60
             trained = stages.run(f"train {arm}", ["train", *at(stage), f"model.path={warm}", train_only,
-                                                  f"trainer.max_minutes={lc.minutes:g}", *ARM_OVERRIDES[arm]])
+                                                  f"trainer.max_minutes={max(minutes, 0.1):.2f}",
+                                                  *critic, *ARM_OVERRIDES[arm]])
             if trained:
                 evals[arm] = evaluate(arm, stage, "latest")
     for policy, dirs in evals.items():

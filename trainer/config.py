@@ -104,6 +104,8 @@ class TrainerConfig(Section):
 
     # optimisation
     lr: float = Field(1e-6, gt=0, description="policy AdamW learning rate [paper]")
+    lr_warmup_steps: int = Field(0, ge=0, description="linear LR warm-up of the policy, in policy optimizer steps "
+                                 "(lr * min(1, n/N) at step n); 0 = off")
     critic_lr: float = Field(5e-6, gt=0, description="critic AdamW learning rate [paper]")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay, both models")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip, both models")

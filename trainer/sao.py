@@ -306,6 +306,9 @@ class SAOTrainer:
             if p.grad is not None:
                 p.grad.div_(max(n, 1.0))
         grad_norm = _grad_norm_and_clip(self.policy_params, cfg.max_grad_norm)
+        warmup = min(1.0, (self.policy_optimizer_steps + 1) / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else 1.0
+        for group in self.policy_optimizer.param_groups:  # linear LR warm-up over the first policy steps
+            group["lr"] = cfg.lr * warmup
         self.policy_optimizer.step()
         self.policy_optimizer_steps += 1
         return grad_norm, {"clipped": clipped, "tokens": n}
@@ -390,6 +393,7 @@ class SAOTrainer:
             metrics.update(_policy_metrics(loss_metrics))
             metrics.update({
                 "loss/policy_loss": loss.item(), "policy/grad_norm": grad_norm,
+                "policy/lr": self.policy_optimizer.param_groups[0]["lr"],
                 "policy/entropy": entropy[mask].mean().item() if mask.any() else 0.0,
                 "policy/logp_abs_diff_mean": diff.mean().item() if diff.numel() else 0.0,
                 "policy/logp_abs_diff_max": diff.max().item() if diff.numel() else 0.0,

@@ -100,7 +100,7 @@ def test_sao_learn_runs_every_stage_end_to_end(tmp_path, project_root, docker_en
             f"run.root={tmp_path}", "run.name=mini", f"model.cache_dir={project_root / '.cache/sao'}",
             "learn.train_tasks=[sao-harness__spanlib-5]", "learn.heldout_tasks=[sao-harness__tablefmt-9]",
             "learn.samples=1", "learn.minutes=0.1", "sft.max_steps=2", "trainer.batch_size=4",
-            "rollout.max_retries=0", "agent.max_iterations=2"]
+            "rollout.max_retries=0", "agent.max_iterations=2", "learn.value_episodes=2", "value_pretrain.max_steps=2"]
     r = subprocess.run(args, cwd=project_root, capture_output=True, text=True, timeout=1200)
     out = r.stdout.strip().splitlines()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -112,5 +112,7 @@ def test_sao_learn_runs_every_stage_end_to_end(tmp_path, project_root, docker_en
     for result in facts["results"].values():  # one graded episode per task: a verdict, not an infra failure
         assert result["train"]["graded"] == 1 and result["heldout"]["graded"] == 1
     assert (run / "warm_start/config.json").is_file() and (run / "report/learn.html").is_file()
+    assert {"sao value data", "sao value pretrain"} <= set(facts["stages"])  # the sao arm's critic was pretrained
+    assert (run / "sao-value/value_pretrain/critic").is_dir()
     for arm in ("sao", "grpo-dis", "grpo"):
         assert list((run / arm / "checkpoints").iterdir()), arm

@@ -246,6 +246,24 @@ def test_critic_lr_warms_up_linearly(tiny_policy):
     assert logged == pytest.approx([5e-4, 1e-3, 1e-3])
 
 
+def test_policy_lr_warms_up_linearly_and_holds_after(tiny_policy):
+    """trainer.lr_warmup_steps: lr_n = lr * min(1, n / N) at policy optimizer step n = 1, 2, ...; a fresh
+    Adam's first steps move every weight by about lr whatever the gradient's size, so a large lr needs it."""
+    trainer = make_trainer(tiny_policy, lr_warmup_steps=3, lr=3e-4)
+    seen = []
+    real_step = trainer.policy_optimizer.step
+
+    def step(*args, **kwargs):
+        seen.append(trainer.policy_optimizer.param_groups[0]["lr"])
+        return real_step(*args, **kwargs)
+    trainer.policy_optimizer.step = step
+    trajs = corpus(4)
+    logged = [trainer.update(trajs)["policy/lr"] for _ in range(5)]
+    assert seen == pytest.approx([1e-4, 2e-4, 3e-4, 3e-4, 3e-4])
+    assert logged == seen
+    assert make_trainer(tiny_policy, lr=3e-4).update(trajs)["policy/lr"] == pytest.approx(3e-4)  # 0 = off
+
+
 # --- precision: fp32 master weights, autocast, train mode (as SAOTrainer, trainer.precision) ------
 
 def _bf16_critic(tiny_model_dir) -> Critic:
