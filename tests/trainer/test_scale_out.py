@@ -144,7 +144,9 @@ def test_a_dead_replica_is_reported_and_replaced(ray_session, project_root, tmp_
 @pytest.mark.slow
 def test_local_multi_node_cluster(project_root, tmp_path, monkeypatch):
     """Three raylets on 127.0.0.1: a head (the trainer), an `engine` node with 2 replicas, a `docker`
-    node with the rollout workers; `sao train` on the toy test-bed, with the gloo collective."""
+    node with the rollout workers; `sao train` on the toy test-bed, with the gloo collective. Sync rounds
+    of 4 episodes on 4 workers: the least-loaded routing puts 2 on each replica and the round waits for all
+    of them (in async mode a slow replica's episodes may still be in flight when the run ends)."""
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
@@ -158,7 +160,8 @@ def test_local_multi_node_cluster(project_root, tmp_path, monkeypatch):
         cmd = [sys.executable, "-m", "sao.cli", "train", "--config", str(project_root / "configs/learn-toy.yaml"),
                f"run.root={tmp_path}", "run.name=cluster", f"model.cache_dir={project_root / '.cache/sao'}",
                f"trainer.ray_address={cluster.address}", "trainer.max_steps=2", "trainer.batch_size=4",
-               "rollout.workers=4", "engine.replicas=2", "engine.node_resources={engine: 1}",
+               "trainer.mode=sync", "trainer.group_size=2", "rollout.workers=4", "engine.replicas=2",
+               "engine.node_resources={engine: 1}",
                "rollout.node_resources={docker: 1}", "trainer.weight_sync=collective", "trainer.critic_steps=1",
                "trainer.batch_timeout_s=90", "trainer.actor_timeout_s=90"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
