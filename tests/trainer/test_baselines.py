@@ -9,7 +9,7 @@ import torch
 
 from harness.trace import Segment, Trajectory
 from tests.support.trainer_data import make_trainer, synthetic_trajectories
-from trainer import sao
+from trainer import objective
 from trainer.batch import build_batch
 from trainer.config import TrainerConfig
 from trainer.models import policy_token_logprobs
@@ -28,7 +28,7 @@ def test_grpo_uses_its_group_advantages_without_a_second_whitening():
     trajs = [traj("a", r, [2, 3]) for r in (1.0, 0.0, 0.0, 0.0)] + [traj("b", 0.0, [2, 3]) for _ in range(4)]
     batch = build_batch(trajs)
     config = TrainerConfig(advantage="grpo", whiten_advantages=True)
-    _, advantages, _ = sao.training_advantages(batch, None, config)
+    _, advantages, _ = objective.training_advantages(batch, None, config)
     expected = [1.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
     for row, a in enumerate(expected):
         torch.testing.assert_close(advantages[row][batch.action_mask[row]], torch.full((3,), a), atol=1e-5, rtol=0)
@@ -37,12 +37,12 @@ def test_grpo_uses_its_group_advantages_without_a_second_whitening():
 
 def _capture_pi_old(monkeypatch):
     seen = []
-    real = sao.ppo_policy_loss
+    real = objective.ppo_policy_loss
 
     def spy(logp, logp_old, *args, **kwargs):
         seen.append((logp.detach().clone(), logp_old.clone()))
         return real(logp, logp_old, *args, **kwargs)
-    monkeypatch.setattr(sao, "ppo_policy_loss", spy)
+    monkeypatch.setattr(objective, "ppo_policy_loss", spy)
     return seen
 
 

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-import trainer.sao
+import trainer.objective
 from harness.trace import Segment, Trajectory
 from sao.config import load_config
 from trainer.compare import WINDOW, compare_runs, summarize
@@ -83,13 +83,13 @@ def test_sao_raises_the_reward_and_a_sign_flipped_trainer_does_not(ray_session, 
     assert good["ev_last5"] is not None and math.isfinite(good["ev_last5"])  # the critic's metric is logged
 
     # power: the same run and assertion with the advantages' sign flipped must fail
-    honest = trainer.sao.compute_advantages
+    honest = trainer.objective.compute_advantages
 
     def flipped(*args, **kwargs):
         advantages, returns = honest(*args, **kwargs)
         return -advantages, returns
 
-    monkeypatch.setattr(trainer.sao, "compute_advantages", flipped)
+    monkeypatch.setattr(trainer.objective, "compute_advantages", flipped)
     bad_cfg = toy_cfg(tmp_path, "sabotaged", project_root, FLIP_STEPS)
     train(bad_cfg, log=lambda m: None)
     bad = summary(bad_cfg.run.dir)

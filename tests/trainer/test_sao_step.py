@@ -14,7 +14,7 @@ from trainer.config import TrainerConfig
 from trainer.gae import gae_reference
 from trainer.metrics import FAMILIES, family
 from trainer.models import policy_token_logprobs
-from trainer.sao import compute_advantages, policy_loss
+from trainer.objective import compute_advantages, policy_loss
 
 
 def test_build_batch_layout_and_rejections():
