@@ -67,8 +67,8 @@ def _docker_status(args) -> int:
         return 1
     kind = "project engine" if st["project_engine"] else "existing engine"
     print(f"docker: {kind} at {st['url']}")
-    for key in ("server_version", "api_version", "storage_driver", "docker_root", "containers", "images",
-                "networks", "project_pid", "state_dir"):
+    for key in ("server_version", "api_version", "storage_driver", "hard_disk_cap", "docker_root", "containers",
+                "images", "networks", "project_pid", "state_dir"):
         if st.get(key) is not None:
             print(f"  {key}: {st[key]}")
     runs = list_runs(docker_client(args.cfg.docker))

@@ -27,6 +27,18 @@ class DockerConfig(Section):
                                "(ours would delete it); true / false force it")
     mirror: str | None = Field(None, description="Debian mirror for the base image; null = the host apt's mirror")
     suite: str = Field("bookworm", description="Debian release of the base image (its Python is 3.11)")
+    disk_quota: bool = Field(True, description="the project engine keeps its data root on a btrfs filesystem "
+                             "of its own (a sparse file in state_dir) so every container's disk is capped hard "
+                             "(sandbox.disk_bytes); false: the host filesystem, the disk watchdog alone. Applies "
+                             "to a new data root only")
+    data_fs_size: str = Field("64g", description="size of that filesystem (sparse: it takes host disk as it fills)")
+
+    @field_validator("data_fs_size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        if not _MEM.match(v):
+            raise ValueError("must be a size like 64g")
+        return v
 
 
 _MEM = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
@@ -56,7 +68,9 @@ class SandboxConfig(Section):
     start_timeout_s: float = Field(30.0, gt=0, description="seconds for container create + start + shell ready")
     disk_bytes: str = Field("10g", description="disk budget of the sandbox's writable layer (and workdir volume): "
                             "no single file may exceed it (kernel file-size limit), and a watchdog kills the "
-                            "sandbox once its total exceeds it (apparent sizes, sparse files count in full)")
+                            "sandbox once its total exceeds it (apparent sizes, sparse files count in full); on "
+                            "a btrfs engine (docker.disk_quota) the kernel refuses any write past it (on top of the "
+                            "image) instead, in sandboxes and grading containers")
     disk_check_s: float = Field(0.5, gt=0, description="seconds between two disk-budget checks of the watchdog")
     max_patch_bytes: int = Field(10_000_000, gt=0, description="largest patch read back from the sandbox; a "
                                  "bigger one ends the episode as patch_too_large with reward 0")

@@ -9,7 +9,10 @@ Contract:
   ``cfg.state_dir`` (outside the repo, so images survive a fresh clone) and a daemon config without
   bridge, iptables, forwarding or masquerading: only the ``host`` and ``none`` networks exist, so no
   private-range address is ever used. It runs detached (its own session) and outlives the command;
-  its log is ``<state_dir>/dockerd.log``.
+  its log is ``<state_dir>/dockerd.log``. With ``docker.disk_quota`` (default) its data root is
+  ``<state_dir>/btrfs``, a btrfs filesystem in ``<state_dir>/data.btrfs`` (``envs.datafs``), and it
+  runs the ``btrfs`` storage driver, so every container's disk can be capped hard
+  (``envs.limits.hard_disk_cap``); otherwise (or when that mount cannot be made) ``<state_dir>/data``.
 """
 from __future__ import annotations
 
@@ -23,9 +26,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.config import DockerConfig
+from envs.config import DockerConfig, size_bytes
+from envs.datafs import mount_data_fs
 from envs.errors import EngineError, EngineGone
 from envs.hostpkg import ensure_programs, which
+from envs.limits import HARD_CAP_DRIVERS
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 PROBE_TIMEOUT_S = 5
@@ -71,10 +76,20 @@ class ProjectEngine:
     def lock_file(self) -> Path:
         return self.state_dir / "engine.lock"
 
-    def daemon_config(self) -> dict:
-        return {
+    @property
+    def btrfs_root(self) -> Path:
+        return self.state_dir / "btrfs"
+
+    @property
+    def data_image(self) -> Path:
+        return self.state_dir / "data.btrfs"
+
+    def daemon_config(self, btrfs: bool = False) -> dict:
+        """dockerd's config: data root and storage driver on the btrfs mount, or on the host filesystem
+        (dockerd's choice of driver: overlay2 on ext4 / xfs)."""
+        conf = {
             "hosts": [self.url],
-            "data-root": str(self.data_root),
+            "data-root": str(self.btrfs_root if btrfs else self.data_root),
             "exec-root": str(self.exec_root),
             "pidfile": str(self.pidfile),
             "bridge": "none",
@@ -85,6 +100,9 @@ class ProjectEngine:
             "containerd-plugins-namespace": "sao-harness-plugins",
             "log-level": "warn",
         }
+        if btrfs:
+            conf["storage-driver"] = "btrfs"
+        return conf
 
     def pid(self) -> int | None:
         """PID of the running project dockerd, or None."""
@@ -235,10 +253,15 @@ def start_project_engine(cfg: DockerConfig, *, log=_log) -> str:
 
 
 def _spawn(cfg: DockerConfig, eng: ProjectEngine, log) -> subprocess.Popen:
-    eng.data_root.mkdir(parents=True, exist_ok=True)
+    quota = cfg.disk_quota and mount_data_fs(eng.btrfs_root, eng.data_image, size_bytes(cfg.data_fs_size), log)
+    if not quota:
+        eng.data_root.mkdir(parents=True, exist_ok=True)
+    elif eng.data_root.is_dir() and any(eng.data_root.iterdir()):
+        log(f"docker: {eng.data_root} (images made on the host filesystem, without disk caps) is not used; "
+            "its images are rebuilt on btrfs as needed (`make images`), and the directory can be removed")
     eng.exec_root.mkdir(parents=True, exist_ok=True)
     eng.socket.unlink(missing_ok=True)
-    eng.config_file.write_text(json.dumps(eng.daemon_config(), indent=2) + "\n")
+    eng.config_file.write_text(json.dumps(eng.daemon_config(btrfs=quota), indent=2) + "\n")
     argv = [which("dockerd") or "dockerd", "--config-file", str(eng.config_file)]
     if _netns_wanted(cfg):
         argv = [which("unshare") or "unshare", "--net", *argv]
@@ -295,7 +318,8 @@ def engine_status(cfg: DockerConfig) -> dict:
             v = c.version()
             info = c.info()
             status.update(server_version=v.get("Version"), api_version=v.get("ApiVersion"),
-                          storage_driver=info.get("Driver"), docker_root=info.get("DockerRootDir"),
+                          storage_driver=info.get("Driver"), hard_disk_cap=info.get("Driver") in HARD_CAP_DRIVERS,
+                          docker_root=info.get("DockerRootDir"),
                           containers=info.get("Containers"), images=info.get("Images"),
                           networks=sorted(n.name for n in c.networks.list()))
         finally:

@@ -9,10 +9,12 @@ Contract (``Sandbox(image, cfg)``, a context manager; ``close()`` removes everyt
   code, duration) through one persistent bash (cwd / env persist). Faults are typed:
   ``CommandTimeout`` (processes killed, shell usable), ``OOMKilled``, ``ContainerDied``,
   ``EngineGone``; an image that does not exist is ``ImageNotFound``.
-- Disk: no file may exceed ``cfg.disk_bytes`` (``RLIMIT_FSIZE``: the write fails at once), and a
-  watchdog thread polls the writable layer's size (plus the workdir volume's) every
-  ``cfg.disk_check_s`` and kills the container once the total exceeds ``cfg.disk_bytes``; every later
-  call then raises ``DiskLimitExceeded`` (the agent's doing, not infrastructure).
+- Disk: no file may exceed ``cfg.disk_bytes`` (``RLIMIT_FSIZE``: the write fails at once). Where the
+  storage driver allows it (the project engine on btrfs), the kernel refuses any write past
+  ``cfg.disk_bytes`` on top of the image (``envs.limits.hard_disk_cap``; the write fails with EDQUOT
+  and the sandbox lives on). Elsewhere, and for the workdir volume, a watchdog thread polls the
+  usage every ``cfg.disk_check_s`` and kills the container once it exceeds ``cfg.disk_bytes``; every
+  later call then raises ``DiskLimitExceeded`` (the agent's doing, not infrastructure).
 - ``read_file`` / ``write_file`` go through the Docker archive API (any size, any bytes).
 - ``diff(base_commit)``: ``git add -A`` then the binary-safe diff of the index against the base,
   produced and read back bounded: over ``cfg.max_patch_bytes`` it raises ``PatchTooLarge``.
@@ -42,7 +44,7 @@ from envs.errors import (
 )
 from envs.faults import engine_calls
 from envs.labels import current_run_id, run_labels
-from envs.limits import DiskLimitExceeded, DiskWatchdog, PatchTooLarge
+from envs.limits import DiskLimitExceeded, DiskWatchdog, PatchTooLarge, hard_disk_cap
 from envs.shell import PersistentShell, ShellExited, ShellResult, ShellTimeout
 
 CommandResult = ShellResult
@@ -75,6 +77,7 @@ class Sandbox:
         self._ids: tuple[int, int] | None = None
         self.disk_budget = size_bytes(self.cfg.disk_bytes)
         self.watchdog: DiskWatchdog | None = None
+        self.disk_cap: dict = {}  # the hard cap's create arguments, {} where the engine has none
         with engine_calls(f"connecting for sandbox {self.name}"):
             self.client = client or docker_client()
         self.api = self.client.api
@@ -107,9 +110,11 @@ class Sandbox:
             kwargs["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,size={cfg.tmpfs_size}"}
         with engine_calls(f"starting sandbox {self.name} from {self.image}"):
             try:
-                self.client.images.get(self.image)
+                image = self.client.images.get(self.image)
             except docker.errors.ImageNotFound:
                 raise ImageNotFound(self.image) from None
+            self.disk_cap = hard_disk_cap(self.client, image, self.disk_budget)
+            kwargs.update(self.disk_cap)
             if cfg.read_only:  # a labeled volume at the workdir, filled from the image's content
                 self.volume = self.client.volumes.create(name=f"{self.name}-work", labels=self.labels)
                 kwargs["volumes"] = {self.volume.name: {"bind": self.workdir, "mode": "rw"}}
@@ -128,8 +133,9 @@ class Sandbox:
                 self._raise_if_dead("starting its shell", "")
                 raise SandboxError(f"sandbox {self.name}: its shell did not start "
                                    f"(does {self.image} have bash?)") from e
-        self.watchdog = DiskWatchdog(self.api, self.container.id, self.disk_budget, cfg.disk_check_s, self.volume,
-                                     self.name)
+        if not self.disk_cap or self.volume is not None:  # under a hard cap only a volume needs watching
+            self.watchdog = DiskWatchdog(self.api, self.container.id, self.disk_budget, cfg.disk_check_s,
+                                         self.volume, self.name, layer=not self.disk_cap)
 
     @property
     def container_id(self) -> str:

@@ -1,9 +1,11 @@
 """The grading container is a sandbox: it runs the patch's code, so it gets the agent sandbox's limits.
 
-- ``GradeLimits.from_config(sandbox_cfg, output_cap_bytes)``: memory (= memory + swap), CPUs and pids
-  from ``sandbox.*`` (``envs.config.SandboxConfig``), plus the test-output cap.
+- ``GradeLimits.from_config(sandbox_cfg, output_cap_bytes)``: memory (= memory + swap), CPUs, pids and
+  the disk budget from ``sandbox.*`` (``envs.config.SandboxConfig``), plus the test-output cap.
 - ``hardened_kwargs(limits)``: the ``containers.create`` settings of every grading container: network
-  none, ``cap_drop=ALL`` (no capability added back), ``no-new-privileges``, the limits, SIGKILL.
+  none, ``cap_drop=ALL`` (no capability added back), ``no-new-privileges``, the limits, SIGKILL; and,
+  given the client and the image, the hard disk cap (image + ``sandbox.disk_bytes``) where the
+  engine's storage driver enforces one (``envs.limits.hard_disk_cap``).
 - ``run_capped(container, cmd, timeout_s=, cap_bytes=)``: one exec whose output is streamed and kept up
   to ``cap_bytes``; past the cap (``over_cap``) or the timeout (``timed_out``) the container is killed.
 - ``install_swebench_hooks()`` (once per process): swebench's eval containers (``sweb.eval.*``) are
@@ -20,7 +22,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from envs.config import SandboxConfig
+from envs.config import SandboxConfig, size_bytes
+from envs.limits import hard_disk_cap
 
 DEFAULT_OUTPUT_CAP_BYTES = 16_000_000  # = eval.grade_output_cap_bytes's default
 OWNER_LABEL = "sao-harness.owner"
@@ -36,18 +39,23 @@ class GradeLimits:
     cpus: float = 1.0
     pids_limit: int = 512
     output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES
+    disk_bytes: int = size_bytes(SandboxConfig().disk_bytes)
 
     @classmethod
     def from_config(cls, sandbox: SandboxConfig | None = None, output_cap_bytes: int | None = None) -> GradeLimits:
         s = sandbox or SandboxConfig()
-        return cls(s.memory, s.cpus, s.pids_limit, int(output_cap_bytes or DEFAULT_OUTPUT_CAP_BYTES))
+        return cls(s.memory, s.cpus, s.pids_limit, int(output_cap_bytes or DEFAULT_OUTPUT_CAP_BYTES),
+                   size_bytes(s.disk_bytes))
 
 
-def hardened_kwargs(limits: GradeLimits) -> dict:
+def hardened_kwargs(limits: GradeLimits, client=None, image=None) -> dict:
     """``containers.create`` keyword arguments that make a grading container a sandbox (see doc)."""
-    return dict(network_mode="none", cap_drop=["ALL"], cap_add=None, security_opt=["no-new-privileges"],
-                mem_limit=limits.memory, memswap_limit=limits.memory, pids_limit=limits.pids_limit,
-                nano_cpus=int(limits.cpus * 1e9), stop_signal="SIGKILL")
+    kwargs = dict(network_mode="none", cap_drop=["ALL"], cap_add=None, security_opt=["no-new-privileges"],
+                  mem_limit=limits.memory, memswap_limit=limits.memory, pids_limit=limits.pids_limit,
+                  nano_cpus=int(limits.cpus * 1e9), stop_signal="SIGKILL")
+    if client is not None and image is not None:
+        kwargs.update(hard_disk_cap(client, image, limits.disk_bytes))
+    return kwargs
 
 
 @dataclass
@@ -146,7 +154,7 @@ def install_swebench_hooks() -> None:
         def create(self, image, command=None, **kwargs):
             if str(kwargs.get("name", "")).startswith("sweb.eval."):
                 kwargs.pop("network", None)
-                kwargs.update(hardened_kwargs(_current().limits))
+                kwargs.update(hardened_kwargs(_current().limits, self.client, image))
                 labels = dict(kwargs.get("labels") or {})
                 labels.setdefault(OWNER_LABEL, "grade")
                 kwargs["labels"] = labels

@@ -29,14 +29,18 @@ def test_ensure_engine_is_idempotent_and_exports_docker_host(docker_engine):
 
 def test_project_engine_has_only_host_and_none_networks(docker_engine):
     from envs.config import DockerConfig
+    from envs.datafs import mounted_fstype
     from envs.engine import ProjectEngine
 
     eng = ProjectEngine(DockerConfig().state_dir)
     if docker_engine.sao_docker_host != eng.url:
         pytest.skip("an existing engine is in use, not the project engine")
     assert sorted(n.name for n in docker_engine.networks.list()) == ["host", "none"]
-    assert docker_engine.info()["DockerRootDir"] == str(eng.data_root)
-    assert not str(eng.data_root).startswith(str(ROOT))  # images survive a fresh clone
+    info = docker_engine.info()
+    assert info["DockerRootDir"] in (str(eng.data_root), str(eng.btrfs_root))
+    assert not str(eng.state_dir).startswith(str(ROOT))  # images survive a fresh clone
+    if info["DockerRootDir"] == str(eng.btrfs_root):  # docker.disk_quota: the driver that caps disks hard
+        assert info["Driver"] == "btrfs" and mounted_fstype(eng.btrfs_root) == "btrfs"
     assert eng.pid() is not None
 
 
@@ -155,6 +159,7 @@ def test_a_second_project_engine_starts_answers_and_stops(docker_engine):
     import tempfile
 
     from envs.config import DockerConfig
+    from envs.datafs import mounted_fstype
     from envs.engine import ProjectEngine, probe, start_project_engine, stop_project_engine
 
     with tempfile.TemporaryDirectory(prefix="sao-eng-", dir="/tmp") as d:
@@ -163,6 +168,11 @@ def test_a_second_project_engine_starts_answers_and_stops(docker_engine):
         try:
             assert start_project_engine(cfg, log=lambda m: None) == eng.url
             assert probe(eng.url)[0] and eng.pid() is not None
+            if mounted_fstype(eng.btrfs_root) is not None:  # docker.disk_quota: its own btrfs, quotas on from the start
+                assert mounted_fstype(eng.btrfs_root) == "btrfs"
+                qgroups = subprocess.run(["btrfs", "qgroup", "show", str(eng.btrfs_root)], capture_output=True,
+                                         text=True)
+                assert qgroups.returncode == 0, qgroups.stderr
             t0 = time.monotonic()
             assert start_project_engine(cfg, log=lambda m: None) == eng.url  # idempotent
             assert time.monotonic() - t0 < 1
@@ -171,3 +181,4 @@ def test_a_second_project_engine_starts_answers_and_stops(docker_engine):
         assert not probe(eng.url)[0] and eng.pid() is None
         assert not stop_project_engine(cfg)
         subprocess.run(["umount", "-R", str(eng.exec_root)], capture_output=True)
+        subprocess.run(["umount", str(eng.btrfs_root)], capture_output=True)  # docker.disk_quota's mount

@@ -72,20 +72,30 @@ def test_single_file_over_disk_budget_fails_at_once(make_sandbox):
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_disk_fill_over_budget_kills_the_sandbox(make_sandbox, capsys):
+def test_disk_fill_over_budget_is_stopped(make_sandbox, monkeypatch, capsys):
+    """20 files of 32 MB, each under the file limit, 640 MB in all, against 128 MiB: refused by the kernel
+    where the engine caps disks (the sandbox lives on), killed by the watchdog where it does not."""
+    import envs.sandbox
     from envs.limits import DiskLimitExceeded
 
+    fill = "for i in $(seq 20); do head -c 32M /dev/zero > /fill$i || break; done"
     sb = make_sandbox(disk_bytes="128m", disk_check_s=0.25)
+    if sb.disk_cap:
+        r = sb.run(fill + "; sync; du -sm /fill* | awk '{s+=$1} END {print s}'", 60)
+        assert "quota exceeded" in r.output.lower(), r.output
+        assert int(r.output.split()[-1]) <= 128 and sb.run("true").exit_code == 0
+        monkeypatch.setattr(envs.sandbox, "hard_disk_cap", lambda *a: {})  # and the watchdog alone:
+        sb = make_sandbox(disk_bytes="128m", disk_check_s=0.25)
     t0 = time.monotonic()
-    with pytest.raises(DiskLimitExceeded):  # 20 files of 32 MB: each under the file limit, 640 MB in all
-        sb.run("for i in $(seq 20); do head -c 32M /dev/zero > /fill$i || break; done; sleep 20", 60)
+    with pytest.raises(DiskLimitExceeded):
+        sb.run(fill + "; sleep 20", 60)
     took = time.monotonic() - t0
     assert sb.disk_exceeded is not None and sb.disk_exceeded < 640 << 20
     with pytest.raises(DiskLimitExceeded):
         sb.run("true")
     with capsys.disabled():
-        print(f"\n[disk fill] stopped after {took:.2f} s with {sb.disk_exceeded / 2**20:.0f} MiB on disk "
-              f"(budget 128 MiB)")
+        print(f"\n[disk fill] the watchdog stopped it after {took:.2f} s with {sb.disk_exceeded / 2**20:.0f} MiB "
+              f"on disk (budget 128 MiB)")
 
 
 # -- docker: patch size -----------------------------------------------------------------------------

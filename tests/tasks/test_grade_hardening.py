@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from envs.config import SandboxConfig
+from envs.limits import HARD_CAP_DRIVERS
 from sao.cli import main
 from tasks.grade import RESOLVED, UNRESOLVED, grade
 from tasks.guard import OUTPUT_CAP, PYTEST_REF, SHADOW
@@ -56,8 +57,10 @@ class SpyClient:
 def test_grading_containers_are_sandboxes(docker_engine, tasks, tmp_path):
     t = tasks[IDS[0]]
     spy = SpyClient(docker_engine)
-    r = grade(t, t.patch, client=spy, log_root=tmp_path, sandbox=SandboxConfig(memory="1g", pids_limit=256, cpus=1.5))
+    r = grade(t, t.patch, client=spy, log_root=tmp_path,
+              sandbox=SandboxConfig(memory="1g", pids_limit=256, cpus=1.5, disk_bytes="1g"))
     assert r.status == RESOLVED and r.reward == 1.0, r.error
+    hard_cap = docker_engine.info().get("Driver") in HARD_CAP_DRIVERS
     kinds = sorted(name.split(".")[0] + "." + name.split(".")[1] for name in spy.hosts)
     assert kinds == ["sao-clean.sao-harness__minicfg-11", "sweb.eval"], kinds
     for name, host in spy.hosts.items():
@@ -66,6 +69,9 @@ def test_grading_containers_are_sandboxes(docker_engine, tasks, tmp_path):
         assert host["Memory"] == 1 << 30 and host["MemorySwap"] == 1 << 30, name
         assert host["PidsLimit"] == 256 and host["NanoCpus"] == 1_500_000_000, name
         assert host["NetworkMode"] == "none", name
+        if hard_cap:  # the image (well under 1 GiB) + sandbox.disk_bytes
+            size = int((host.get("StorageOpt") or {}).get("size", 0))
+            assert 1 << 30 < size < 2 << 30, (name, host.get("StorageOpt"))
 
 
 def test_over_cap_output_is_a_patch_failure(tasks, tmp_path):

@@ -1,0 +1,78 @@
+"""The project engine's data root on a filesystem of its own, so a container's disk can be capped hard.
+
+Contract:
+- ``mount_data_fs(data_root, image, size, log)`` -> True when ``data_root`` is a btrfs mount (made now
+  or before): a sparse file ``image`` of ``size`` bytes, formatted btrfs once and loop-mounted at
+  ``data_root`` with ``discard`` (space freed inside goes back to the host), quotas on from the
+  start (enabled later, they count nothing until a rescan). The engine then runs the
+  ``btrfs`` storage driver, whose ``--storage-opt size=`` is a qgroup limit the kernel enforces on
+  every write and every ``fallocate`` (overlay2 on ext4 has no such limit).
+- False, with the reason logged, when that cannot be: a data root that already holds an engine's data
+  on the host filesystem (never hidden under a mount), no loop device, no btrfs. Containers are then
+  bounded by the disk watchdog alone (``envs.limits``).
+- ``mounted_fstype(path)``: the filesystem type mounted exactly at ``path``, or None.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from envs.errors import EngineError
+from envs.hostpkg import ensure_programs, which
+
+
+def mounted_fstype(path: Path) -> str | None:
+    """The type of the filesystem mounted at ``path`` itself (the last mount there wins), or None."""
+    target, fstype = os.path.realpath(path), None
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3 and parts[1].replace("\\040", " ") == target:
+            fstype = parts[2]
+    return fstype
+
+
+def _run(argv: list[str]) -> None:
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    if proc.returncode != 0:
+        raise EngineError(f"`{' '.join(argv)}` failed (exit {proc.returncode}): {proc.stdout.strip()[-300:]}")
+
+
+def mount_data_fs(data_root: Path, image: Path, size: int, log) -> bool:
+    """See the module doc."""
+    fstype = mounted_fstype(data_root)
+    if fstype == "btrfs":
+        return True
+    if fstype is not None:
+        log(f"docker: {data_root} is a {fstype} mount, not btrfs: containers get no hard disk cap "
+            "(the disk watchdog bounds them)")
+        return False
+    if data_root.is_dir() and any(data_root.iterdir()):
+        log(f"docker: {data_root} holds an engine's data on the host filesystem: containers get no hard disk "
+            f"cap (the disk watchdog bounds them). To move it onto a filesystem of its own: `sao docker down`, "
+            f"remove {data_root}, `sao docker up`, then rebuild the images (`make docker`)")
+        return False
+    made = False
+    try:
+        ensure_programs({"mkfs.btrfs": "btrfs-progs", "btrfs": "btrfs-progs"}, log=log)
+        data_root.mkdir(parents=True, exist_ok=True)
+        if not image.exists():
+            with open(image, "wb") as f:
+                f.truncate(size)  # sparse: takes host disk only as it fills
+            made = True
+            _run([which("mkfs.btrfs") or "mkfs.btrfs", "-q", str(image)])
+        _run([which("mount") or "mount", "-o", "loop,discard", str(image), str(data_root)])
+        if made:  # before the first subvolume: quotas enabled later count nothing until a rescan
+            _run([which("btrfs") or "btrfs", "quota", "enable", str(data_root)])
+    except (EngineError, OSError) as e:
+        if made:
+            image.unlink(missing_ok=True)
+        log(f"docker: cannot give {data_root} a filesystem of its own ({e}): containers get no hard disk cap "
+            "(the disk watchdog bounds them)")
+        return False
+    log(f"docker: data root {data_root} on btrfs in {image} (sparse, {size / 2**30:.0f} GiB at most)")
+    return True

@@ -1,0 +1,128 @@
+"""The hard disk cap: the project engine's own btrfs data root, and the cap every container gets on it."""
+from __future__ import annotations
+
+import pytest
+
+from envs.config import DockerConfig, SandboxConfig, size_bytes
+
+
+class FakeImage:
+    def __init__(self, size):
+        self.attrs = {"Size": size}
+
+
+class FakeClient:
+    def __init__(self, driver, image_size=300 << 20):
+        self.driver, self.image = driver, FakeImage(image_size)
+        self.images = self
+
+    def info(self):
+        return {"Driver": self.driver}
+
+    def get(self, name):
+        return self.image
+
+
+def test_hard_cap_is_image_plus_the_budget_on_btrfs_and_absent_elsewhere():
+    from envs.limits import hard_disk_cap
+
+    budget = 128 << 20
+    assert hard_disk_cap(FakeClient("btrfs", 300 << 20), "img", budget) == {
+        "storage_opt": {"size": str((300 << 20) + budget)}}
+    assert hard_disk_cap(FakeClient("btrfs"), FakeImage(5), budget)["storage_opt"]["size"] == str(5 + budget)
+    assert hard_disk_cap(FakeClient("overlay2"), "img", budget) == {}  # ext4: no size option at all
+
+
+def test_grading_containers_get_the_cap_from_the_sandbox_budget():
+    from tasks.grade_sandbox import GradeLimits, hardened_kwargs
+
+    limits = GradeLimits.from_config(SandboxConfig(disk_bytes="1g"))
+    assert limits.disk_bytes == 1 << 30
+    kw = hardened_kwargs(limits, FakeClient("btrfs", 100), "sweb.eval.x")
+    assert kw["storage_opt"] == {"size": str(100 + (1 << 30))} and kw["network_mode"] == "none"
+    assert "storage_opt" not in hardened_kwargs(limits, FakeClient("overlay2"), "sweb.eval.x")
+    assert "storage_opt" not in hardened_kwargs(limits)  # no client: the static settings only
+
+
+def test_daemon_config_names_the_btrfs_driver_only_on_its_own_filesystem(tmp_path):
+    from envs.engine import ProjectEngine
+
+    eng = ProjectEngine(tmp_path)
+    host, btrfs = eng.daemon_config(), eng.daemon_config(btrfs=True)
+    assert "storage-driver" not in host and host["data-root"] == str(tmp_path / "data")
+    assert btrfs["storage-driver"] == "btrfs" and btrfs["data-root"] == str(tmp_path / "btrfs")
+    assert eng.data_image == tmp_path / "data.btrfs" and eng.btrfs_root not in eng.data_image.parents
+
+
+def test_a_data_root_with_data_on_the_host_is_never_hidden_under_a_mount(tmp_path, monkeypatch):
+    import envs.datafs as datafs
+
+    data = tmp_path / "data"
+    (data / "overlay2").mkdir(parents=True)  # an engine's images, made before disk quotas
+    monkeypatch.setattr(datafs, "_run", lambda argv: pytest.fail(f"ran {argv}"))
+    logs = []
+    assert datafs.mount_data_fs(data, tmp_path / "data.btrfs", 1 << 30, logs.append) is False
+    assert not (tmp_path / "data.btrfs").exists()
+    assert "sao docker down" in logs[0] and str(data) in logs[0] and "watchdog" in logs[0]
+
+
+def test_a_failed_mount_falls_back_and_leaves_no_half_made_image(tmp_path, monkeypatch):
+    import envs.datafs as datafs
+
+    calls = []
+
+    def run(argv):
+        calls.append(argv[0].rsplit("/", 1)[-1])
+        if calls[-1] == "mount":
+            raise datafs.EngineError("mount: no loop device")
+
+    monkeypatch.setattr(datafs, "_run", run)
+    monkeypatch.setattr(datafs, "ensure_programs", lambda programs, log=None: None)
+    logs = []
+    assert datafs.mount_data_fs(tmp_path / "data", tmp_path / "data.btrfs", 1 << 30, logs.append) is False
+    assert calls == ["mkfs.btrfs", "mount"] and not (tmp_path / "data.btrfs").exists()
+    assert "no loop device" in logs[-1]
+
+
+def test_mounted_fstype_reads_the_mount_table(tmp_path):
+    from envs.datafs import mounted_fstype
+
+    assert mounted_fstype(tmp_path) is None
+    assert mounted_fstype(tmp_path.anchor) is not None  # "/" is always a mount
+
+
+def test_docker_config_sizes_are_validated():
+    assert size_bytes(DockerConfig().data_fs_size) == 64 << 30
+    with pytest.raises(ValueError, match="size like"):
+        DockerConfig(data_fs_size="lots")
+
+
+# -- docker: the cap against the burst the watchdog cannot stop ---------------------------------------
+def _burst(sb) -> int:
+    """MiB allocated by ten 100 MiB fallocates (each under the 128 MiB file limit)."""
+    out = sb.run("for i in $(seq 10); do fallocate -l 100M /f$i 2>/dev/null; done; du -sm /f* 2>/dev/null "
+                 "| awk '{s+=$1} END {print s+0}'", 60).output
+    return int(out.strip().splitlines()[-1])
+
+
+@pytest.mark.docker
+def test_fallocate_burst_is_capped_by_the_kernel(make_sandbox, docker_engine, monkeypatch, capsys):
+    from envs.limits import HARD_CAP_DRIVERS
+
+    if docker_engine.info().get("Driver") not in HARD_CAP_DRIVERS:
+        pytest.skip(f"the engine's storage driver ({docker_engine.info().get('Driver')}) has no hard size cap "
+                    "(another engine, or docker.disk_quota off or unavailable)")
+    budget = "128m"
+    sb = make_sandbox(disk_bytes=budget)
+    capped = _burst(sb)
+    assert capped <= 128, f"{capped} MiB allocated against a hard cap of 128 MiB"
+    assert sb.watchdog is None and sb.run("true").exit_code == 0  # no poll needed; the sandbox lives on
+
+    # power: the same burst without the cap takes what it asks for
+    import envs.sandbox
+
+    monkeypatch.setattr(envs.sandbox, "hard_disk_cap", lambda *a: {})
+    uncapped = _burst(make_sandbox(disk_bytes=budget, disk_check_s=60))  # the watchdog's poll out of the way
+    assert uncapped >= 900, uncapped
+    with capsys.disabled():
+        print(f"\n[fallocate burst] {capped} MiB with the cap, {uncapped} MiB without (budget {budget})")
