@@ -69,8 +69,8 @@ class SandboxConfig(Section):
     disk_bytes: str = Field("10g", description="disk budget of the sandbox's writable layer (and workdir volume): "
                             "no single file may exceed it (kernel file-size limit), and a watchdog kills the "
                             "sandbox once its total exceeds it (apparent sizes, sparse files count in full); on "
-                            "a btrfs engine (docker.disk_quota) the kernel refuses any write past it (on top of the "
-                            "image) instead, in sandboxes and grading containers")
+                            "a btrfs engine (docker.disk_quota) the kernel refuses any write past it instead, in "
+                            "sandboxes and grading containers")
     disk_check_s: float = Field(0.5, gt=0, description="seconds between two disk-budget checks of the watchdog")
     max_patch_bytes: int = Field(10_000_000, gt=0, description="largest patch read back from the sandbox; a "
                                  "bigger one ends the episode as patch_too_large with reward 0")

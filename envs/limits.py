@@ -5,11 +5,11 @@ Contract:
   ``disk_usage`` every ``interval_s`` and SIGKILLs the container once it exceeds ``budget`` bytes;
   ``.exceeded`` is then the usage it saw. ``stop()`` ends it. A poll: a burst of ``fallocate`` calls
   overshoots it by what they allocate in one interval, hence the hard cap below where there is one.
-- ``hard_disk_cap(client, image, budget)``: ``containers.create`` keyword arguments that cap the
-  container's filesystem at the image's size + ``budget`` bytes, enforced by the kernel on every
-  write and ``fallocate`` (``storage_opt={"size": ...}``, a qgroup limit on the ``btrfs`` storage
-  driver, which counts the image's own files: hence its size in the cap); ``{}`` where the engine's
-  driver has no such limit (overlay2 on ext4): the watchdog is then the bound.
+- ``hard_disk_cap(client, budget)``: ``containers.create`` keyword arguments that cap what the
+  container writes at ``budget`` bytes, enforced by the kernel on every write and ``fallocate``
+  (``storage_opt={"size": ...}``: a qgroup limit on the ``btrfs`` storage driver; with the project
+  engine's simple quotas a container is charged for its own writes only, not its image's files);
+  ``{}`` where the engine's driver has no such limit (overlay2 on ext4): the watchdog is then the bound.
 - ``disk_usage(api, container_id, volume, layer=True)``: the writable layer's size as the engine counts
   it (``SizeRw``, apparent sizes: a sparse file counts in full; ``layer=False``: not counted, for a
   layer under a hard cap) plus the volume's blocks when its mount point is on this host.
@@ -25,13 +25,11 @@ from envs.errors import ContainerDied, SandboxError
 HARD_CAP_DRIVERS = ("btrfs",)  # storage drivers whose `--storage-opt size` is a hard cap on every write
 
 
-def hard_disk_cap(client, image, budget: int) -> dict:
-    """See the module doc. ``image``: a docker-py Image (its ``Size``) or an image name."""
+def hard_disk_cap(client, budget: int) -> dict:
+    """See the module doc."""
     if client.info().get("Driver") not in HARD_CAP_DRIVERS:
         return {}
-    if isinstance(image, str):
-        image = client.images.get(image)
-    return {"storage_opt": {"size": str(int(image.attrs.get("Size") or 0) + budget)}}
+    return {"storage_opt": {"size": str(budget)}}
 
 
 class PatchTooLarge(SandboxError):

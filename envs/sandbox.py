@@ -11,7 +11,7 @@ Contract (``Sandbox(image, cfg)``, a context manager; ``close()`` removes everyt
   ``EngineGone``; an image that does not exist is ``ImageNotFound``.
 - Disk: no file may exceed ``cfg.disk_bytes`` (``RLIMIT_FSIZE``: the write fails at once). Where the
   storage driver allows it (the project engine on btrfs), the kernel refuses any write past
-  ``cfg.disk_bytes`` on top of the image (``envs.limits.hard_disk_cap``; the write fails with EDQUOT
+  ``cfg.disk_bytes`` (``envs.limits.hard_disk_cap``; the write fails with EDQUOT
   and the sandbox lives on). Elsewhere, and for the workdir volume, a watchdog thread polls the
   usage every ``cfg.disk_check_s`` and kills the container once it exceeds ``cfg.disk_bytes``; every
   later call then raises ``DiskLimitExceeded`` (the agent's doing, not infrastructure).
@@ -110,10 +110,10 @@ class Sandbox:
             kwargs["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,size={cfg.tmpfs_size}"}
         with engine_calls(f"starting sandbox {self.name} from {self.image}"):
             try:
-                image = self.client.images.get(self.image)
+                self.client.images.get(self.image)
             except docker.errors.ImageNotFound:
                 raise ImageNotFound(self.image) from None
-            self.disk_cap = hard_disk_cap(self.client, image, self.disk_budget)
+            self.disk_cap = hard_disk_cap(self.client, self.disk_budget)
             kwargs.update(self.disk_cap)
             if cfg.read_only:  # a labeled volume at the workdir, filled from the image's content
                 self.volume = self.client.volumes.create(name=f"{self.name}-work", labels=self.labels)

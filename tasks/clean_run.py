@@ -150,7 +150,7 @@ def clean_run(task, patch: str, *, client, limits: GradeLimits, timeout_s: float
         container = client.containers.create(
             task.image, command=["tail", "-f", "/dev/null"], user="root", working_dir=WORKDIR, detach=True,
             name=name or f"sao-clean.{task.instance_id.lower()}.{secrets.token_hex(4)}",
-            labels={OWNER_LABEL: "grade"}, **hardened_kwargs(limits, client, task.image))
+            labels={OWNER_LABEL: "grade"}, **hardened_kwargs(limits, client))
         container.start()
         container.client.api.put_archive(container.id, "/", _tar({
             stage.lstrip("/") + "/patch.diff": patch.encode("utf-8"),

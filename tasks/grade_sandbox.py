@@ -4,7 +4,7 @@
   the disk budget from ``sandbox.*`` (``envs.config.SandboxConfig``), plus the test-output cap.
 - ``hardened_kwargs(limits)``: the ``containers.create`` settings of every grading container: network
   none, ``cap_drop=ALL`` (no capability added back), ``no-new-privileges``, the limits, SIGKILL; and,
-  given the client and the image, the hard disk cap (image + ``sandbox.disk_bytes``) where the
+  given the client, the hard disk cap (``sandbox.disk_bytes`` of writes) where the
   engine's storage driver enforces one (``envs.limits.hard_disk_cap``).
 - ``run_capped(container, cmd, timeout_s=, cap_bytes=)``: one exec whose output is streamed and kept up
   to ``cap_bytes``; past the cap (``over_cap``) or the timeout (``timed_out``) the container is killed.
@@ -48,13 +48,13 @@ class GradeLimits:
                    size_bytes(s.disk_bytes))
 
 
-def hardened_kwargs(limits: GradeLimits, client=None, image=None) -> dict:
+def hardened_kwargs(limits: GradeLimits, client=None) -> dict:
     """``containers.create`` keyword arguments that make a grading container a sandbox (see doc)."""
     kwargs = dict(network_mode="none", cap_drop=["ALL"], cap_add=None, security_opt=["no-new-privileges"],
                   mem_limit=limits.memory, memswap_limit=limits.memory, pids_limit=limits.pids_limit,
                   nano_cpus=int(limits.cpus * 1e9), stop_signal="SIGKILL")
-    if client is not None and image is not None:
-        kwargs.update(hard_disk_cap(client, image, limits.disk_bytes))
+    if client is not None:
+        kwargs.update(hard_disk_cap(client, limits.disk_bytes))
     return kwargs
 
 
@@ -154,7 +154,7 @@ def install_swebench_hooks() -> None:
         def create(self, image, command=None, **kwargs):
             if str(kwargs.get("name", "")).startswith("sweb.eval."):
                 kwargs.pop("network", None)
-                kwargs.update(hardened_kwargs(_current().limits, self.client, image))
+                kwargs.update(hardened_kwargs(_current().limits, self.client))
                 labels = dict(kwargs.get("labels") or {})
                 labels.setdefault(OWNER_LABEL, "grade")
                 kwargs["labels"] = labels

@@ -6,31 +6,20 @@ import pytest
 from envs.config import DockerConfig, SandboxConfig, size_bytes
 
 
-class FakeImage:
-    def __init__(self, size):
-        self.attrs = {"Size": size}
-
-
 class FakeClient:
-    def __init__(self, driver, image_size=300 << 20):
-        self.driver, self.image = driver, FakeImage(image_size)
-        self.images = self
+    def __init__(self, driver):
+        self.driver = driver
 
     def info(self):
         return {"Driver": self.driver}
 
-    def get(self, name):
-        return self.image
 
-
-def test_hard_cap_is_image_plus_the_budget_on_btrfs_and_absent_elsewhere():
+def test_hard_cap_is_the_budget_on_btrfs_and_absent_elsewhere():
     from envs.limits import hard_disk_cap
 
     budget = 128 << 20
-    assert hard_disk_cap(FakeClient("btrfs", 300 << 20), "img", budget) == {
-        "storage_opt": {"size": str((300 << 20) + budget)}}
-    assert hard_disk_cap(FakeClient("btrfs"), FakeImage(5), budget)["storage_opt"]["size"] == str(5 + budget)
-    assert hard_disk_cap(FakeClient("overlay2"), "img", budget) == {}  # ext4: no size option at all
+    assert hard_disk_cap(FakeClient("btrfs"), budget) == {"storage_opt": {"size": str(budget)}}
+    assert hard_disk_cap(FakeClient("overlay2"), budget) == {}  # ext4: no size option at all
 
 
 def test_grading_containers_get_the_cap_from_the_sandbox_budget():
@@ -38,9 +27,9 @@ def test_grading_containers_get_the_cap_from_the_sandbox_budget():
 
     limits = GradeLimits.from_config(SandboxConfig(disk_bytes="1g"))
     assert limits.disk_bytes == 1 << 30
-    kw = hardened_kwargs(limits, FakeClient("btrfs", 100), "sweb.eval.x")
-    assert kw["storage_opt"] == {"size": str(100 + (1 << 30))} and kw["network_mode"] == "none"
-    assert "storage_opt" not in hardened_kwargs(limits, FakeClient("overlay2"), "sweb.eval.x")
+    kw = hardened_kwargs(limits, FakeClient("btrfs"))
+    assert kw["storage_opt"] == {"size": str(1 << 30)} and kw["network_mode"] == "none"
+    assert "storage_opt" not in hardened_kwargs(limits, FakeClient("overlay2"))
     assert "storage_opt" not in hardened_kwargs(limits)  # no client: the static settings only
 
 
@@ -66,22 +55,31 @@ def test_a_data_root_with_data_on_the_host_is_never_hidden_under_a_mount(tmp_pat
     assert "sao docker down" in logs[0] and str(data) in logs[0] and "watchdog" in logs[0]
 
 
-def test_a_failed_mount_falls_back_and_leaves_no_half_made_image(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failing", ["mount", "quota"])
+def test_a_failed_mount_or_old_kernel_falls_back_and_leaves_no_half_made_image(tmp_path, monkeypatch, failing):
     import envs.datafs as datafs
 
     calls = []
 
     def run(argv):
         calls.append(argv[0].rsplit("/", 1)[-1])
-        if calls[-1] == "mount":
+        if calls[-1] == failing:
             raise datafs.EngineError("mount: no loop device")
 
+    def quota(path):
+        calls.append("quota")
+        if failing == "quota":
+            raise datafs.EngineError("cannot enable btrfs simple quotas (they need Linux >= 6.7)")
+
     monkeypatch.setattr(datafs, "_run", run)
+    monkeypatch.setattr(datafs, "enable_simple_quotas", quota)
     monkeypatch.setattr(datafs, "ensure_programs", lambda programs, log=None: None)
+    monkeypatch.setattr(datafs.subprocess, "run", lambda argv, **kw: calls.append("umount"))
     logs = []
     assert datafs.mount_data_fs(tmp_path / "data", tmp_path / "data.btrfs", 1 << 30, logs.append) is False
-    assert calls == ["mkfs.btrfs", "mount"] and not (tmp_path / "data.btrfs").exists()
-    assert "no loop device" in logs[-1]
+    expected = {"mount": ["mkfs.btrfs", "mount", "umount"], "quota": ["mkfs.btrfs", "mount", "quota", "umount"]}
+    assert calls == expected[failing] and not (tmp_path / "data.btrfs").exists()
+    assert ("no loop device" if failing == "mount" else "6.7") in logs[-1] and "watchdog" in logs[-1]
 
 
 def test_mounted_fstype_reads_the_mount_table(tmp_path):
