@@ -27,10 +27,11 @@ class DockerConfig(Section):
                                "(ours would delete it); true / false force it")
     mirror: str | None = Field(None, description="Debian mirror for the base image; null = the host apt's mirror")
     suite: str = Field("bookworm", description="Debian release of the base image (its Python is 3.11)")
-    disk_quota: bool = Field(True, description="the project engine keeps its data root on a btrfs filesystem "
-                             "of its own (a sparse file in state_dir) so every container's disk is capped hard "
-                             "(sandbox.disk_bytes); false: the host filesystem, the disk watchdog alone. Applies "
-                             "to a new data root only")
+    disk_quota: bool = Field(False, description="true: the project engine keeps its data root on a btrfs "
+                             "filesystem of its own (a sparse file in state_dir, simple quotas, Linux >= 6.7) so "
+                             "the kernel caps every container's writes at sandbox.disk_bytes; ~1 s more per "
+                             "episode (container create/remove, grading). false: the host filesystem, the disk "
+                             "watchdog alone")
     data_fs_size: str = Field("64g", description="size of that filesystem (sparse: it takes host disk as it fills)")
 
     @field_validator("data_fs_size")

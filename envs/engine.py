@@ -9,7 +9,7 @@ Contract:
   ``cfg.state_dir`` (outside the repo, so images survive a fresh clone) and a daemon config without
   bridge, iptables, forwarding or masquerading: only the ``host`` and ``none`` networks exist, so no
   private-range address is ever used. It runs detached (its own session) and outlives the command;
-  its log is ``<state_dir>/dockerd.log``. With ``docker.disk_quota`` (default) its data root is
+  its log is ``<state_dir>/dockerd.log``. With ``docker.disk_quota: true`` its data root is
   ``<state_dir>/btrfs``, a btrfs filesystem in ``<state_dir>/data.btrfs`` (``envs.datafs``), and it
   runs the ``btrfs`` storage driver, so every container's disk can be capped hard
   (``envs.limits.hard_disk_cap``); otherwise (or when that mount cannot be made) ``<state_dir>/data``.

@@ -1,6 +1,8 @@
 """The hard disk cap: the project engine's own btrfs data root, and the cap every container gets on it."""
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from envs.config import DockerConfig, SandboxConfig, size_bytes
@@ -103,24 +105,60 @@ def _burst(sb) -> int:
     return int(out.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def capped_engine(docker_engine, base_image):
+    """A second project engine with docker.disk_quota: true on a private state dir (its own btrfs, its own
+    network namespace), holding the base image; stopped and unmounted after."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    import docker
+
+    from envs.datafs import mounted_fstype
+    from envs.engine import ProjectEngine, start_project_engine, stop_project_engine
+
+    if os.geteuid() != 0:
+        pytest.skip("starting a project engine needs root")
+    with tempfile.TemporaryDirectory(prefix="sao-capped-", dir="/tmp") as d:
+        cfg = DockerConfig(state_dir=Path(d) / "s", netns=True, disk_quota=True)
+        eng, logs, client = ProjectEngine(cfg.state_dir), [], None
+        try:
+            url = start_project_engine(cfg, log=logs.append)
+            if mounted_fstype(eng.btrfs_root) != "btrfs":
+                pytest.skip("no btrfs data root here: " + " / ".join(logs))
+            client = docker.DockerClient(base_url=url, timeout=300)
+            client.images.load(docker_engine.images.get(base_image).save(named=True))
+            yield client
+        finally:
+            if client is not None:
+                client.close()
+            stop_project_engine(cfg)
+            subprocess.run(["umount", "-R", str(eng.exec_root)], capture_output=True)
+            subprocess.run(["umount", str(eng.btrfs_root)], capture_output=True)
+
+
 @pytest.mark.docker
-def test_fallocate_burst_is_capped_by_the_kernel(make_sandbox, docker_engine, monkeypatch, capsys):
-    from envs.limits import HARD_CAP_DRIVERS
-
-    if docker_engine.info().get("Driver") not in HARD_CAP_DRIVERS:
-        pytest.skip(f"the engine's storage driver ({docker_engine.info().get('Driver')}) has no hard size cap "
-                    "(another engine, or docker.disk_quota off or unavailable)")
-    budget = "128m"
-    sb = make_sandbox(disk_bytes=budget)
-    capped = _burst(sb)
-    assert capped <= 128, f"{capped} MiB allocated against a hard cap of 128 MiB"
-    assert sb.watchdog is None and sb.run("true").exit_code == 0  # no poll needed; the sandbox lives on
-
-    # power: the same burst without the cap takes what it asks for
+@pytest.mark.slow
+def test_fallocate_burst_is_capped_by_the_kernel(capped_engine, base_image, test_run_id, monkeypatch, capsys):
     import envs.sandbox
+    from envs.limits import HARD_CAP_DRIVERS
+    from tests.conftest import SMALL
 
+    assert capped_engine.info()["Driver"] in HARD_CAP_DRIVERS
+
+    def burst(**overrides) -> tuple[int, object]:
+        cfg = SandboxConfig(**{**SMALL, "disk_bytes": "128m", **overrides})
+        with envs.sandbox.Sandbox(base_image, cfg, client=capped_engine, run_id=test_run_id) as sb:
+            return _burst(sb), (sb.watchdog, sb.run("true").exit_code)
+
+    capped, (watchdog, alive) = burst()
+    assert capped <= 128, f"{capped} MiB allocated against a hard cap of 128 MiB"
+    assert watchdog is None and alive == 0  # no poll needed; the sandbox lives on
+
+    # power: the same burst on the same engine without the cap takes what it asks for
     monkeypatch.setattr(envs.sandbox, "hard_disk_cap", lambda *a: {})
-    uncapped = _burst(make_sandbox(disk_bytes=budget, disk_check_s=60))  # the watchdog's poll out of the way
+    uncapped, _ = burst(disk_check_s=60)  # the watchdog's poll out of the way
     assert uncapped >= 900, uncapped
     with capsys.disabled():
-        print(f"\n[fallocate burst] {capped} MiB with the cap, {uncapped} MiB without (budget {budget})")
+        print(f"\n[fallocate burst] {capped} MiB with the cap, {uncapped} MiB without (budget 128 MiB)")
