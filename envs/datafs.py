@@ -7,8 +7,8 @@ Contract:
   quotas from the start (``enable_simple_quotas``). The engine then runs the
   ``btrfs`` storage driver, whose ``--storage-opt size=`` is a qgroup limit the kernel enforces on
   every write and every ``fallocate`` (overlay2 on ext4 has no such limit).
-- False, with the reason logged, when that cannot be: a data root that already holds an engine's data
-  on the host filesystem (never hidden under a mount), no loop device, no btrfs, a kernel without
+- False, with the reason logged, when that cannot be: a data root that already holds files on the
+  host filesystem (never hidden under a mount), no loop device, no btrfs, a kernel without
   simple quotas (Linux < 6.7). Containers are then
   bounded by the disk watchdog alone (``envs.limits``).
 - ``mounted_fstype(path)``: the filesystem type mounted exactly at ``path``, or None.
@@ -72,9 +72,8 @@ def mount_data_fs(data_root: Path, image: Path, size: int, log) -> bool:
             "(the disk watchdog bounds them)")
         return False
     if data_root.is_dir() and any(data_root.iterdir()):
-        log(f"docker: {data_root} holds an engine's data on the host filesystem: containers get no hard disk "
-            f"cap (the disk watchdog bounds them). To move it onto a filesystem of its own: `sao docker down`, "
-            f"remove {data_root}, `sao docker up`, then rebuild the images (`make docker`)")
+        log(f"docker: {data_root} holds files but is no mount (never mounted over): containers get no hard "
+            f"disk cap (the disk watchdog bounds them). Remove it and run `sao docker up` again for the cap")
         return False
     made = False
     try:

@@ -26,8 +26,11 @@ HARD_CAP_DRIVERS = ("btrfs",)  # storage drivers whose `--storage-opt size` is a
 
 
 def hard_disk_cap(client, budget: int) -> dict:
-    """See the module doc."""
-    if client.info().get("Driver") not in HARD_CAP_DRIVERS:
+    """See the module doc. The engine's storage driver is asked once per client."""
+    driver = getattr(client, "sao_storage_driver", None)
+    if driver is None:
+        driver = client.sao_storage_driver = client.info().get("Driver")
+    if driver not in HARD_CAP_DRIVERS:
         return {}
     return {"storage_opt": {"size": str(budget)}}
 

@@ -54,7 +54,7 @@ def test_a_data_root_with_data_on_the_host_is_never_hidden_under_a_mount(tmp_pat
     logs = []
     assert datafs.mount_data_fs(data, tmp_path / "data.btrfs", 1 << 30, logs.append) is False
     assert not (tmp_path / "data.btrfs").exists()
-    assert "sao docker down" in logs[0] and str(data) in logs[0] and "watchdog" in logs[0]
+    assert "no mount" in logs[0] and str(data) in logs[0] and "watchdog" in logs[0]
 
 
 @pytest.mark.parametrize("failing", ["mount", "quota"])
