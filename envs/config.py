@@ -37,13 +37,18 @@ class DockerConfig(Section):
     @field_validator("data_fs_size")
     @classmethod
     def _size(cls, v: str) -> str:
-        if not _MEM.match(v):
-            raise ValueError("must be a size like 64g")
-        return v
+        return _size_text(v)
 
 
 _MEM = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
 _CAP = re.compile(r"^[A-Z_]+$")
+
+
+def _size_text(v: str) -> str:
+    """A Docker size string (``512m``, ``2g``, ``100``), checked."""
+    if not _MEM.match(v):
+        raise ValueError("must be a size like 512m or 2g")
+    return v
 
 
 class SandboxConfig(Section):
@@ -79,9 +84,7 @@ class SandboxConfig(Section):
     @field_validator("memory", "tmpfs_size", "shm_size", "disk_bytes")
     @classmethod
     def _size(cls, v: str) -> str:
-        if not _MEM.match(v):
-            raise ValueError("must be a size like 512m or 2g")
-        return v
+        return _size_text(v)
 
     @field_validator("cap_add")
     @classmethod
