@@ -50,6 +50,7 @@ from envs.shell import PersistentShell, ShellExited, ShellResult, ShellTimeout
 CommandResult = ShellResult
 KIND_KEY = "sao-harness.kind"
 IMAGE_KEY = "sao-harness.image"
+READ_ATTEMPTS = 3  # reads of a patch whose byte count does not match what the diff wrote
 
 
 def _safe_name(text: str) -> str:
@@ -342,13 +343,19 @@ class Sandbox:
         res = self.run(f"(d=$({git} rev-parse --absolute-git-dir) && {git} add -A && {{ {git} diff --no-color "
                        f"--no-ext-diff --binary --cached {q(base_commit)} -- | head -c {cap + 1} > \"$d/{out}\"; "
                        f"s=(\"${{PIPESTATUS[@]}}\"); [ \"${{s[0]}}\" = 0 ] || [ \"${{s[0]}}\" = 141 ]; }} "
-                       f"&& echo \"$d\")", timeout_s)
+                       f"&& echo \"$d\" && wc -c < \"$d/{out}\")", timeout_s)
         if res.exit_code != 0:
             raise SandboxError(f"sandbox {self.name}: git diff against {base_commit} in {repo} failed "
                                f"(exit {res.exit_code}): {res.output.strip()[-500:]}")
-        git_dir = res.output.strip().splitlines()[-1]
+        git_dir, size = res.output.strip().splitlines()[-2:]
         try:
-            data = self._read_bounded(f"{git_dir}/{out}", cap + 1, timeout_s)
+            for _ in range(READ_ATTEMPTS):  # the engine now and then loses a short exec's output
+                data = self._read_bounded(f"{git_dir}/{out}", cap + 1, timeout_s)
+                if len(data) == int(size):
+                    break
+            else:  # never a short patch graded as the agent's: an infrastructure failure
+                raise SandboxError(f"sandbox {self.name}: read {len(data)} of the patch's {int(size)} bytes, "
+                                   f"{READ_ATTEMPTS} times")
         finally:
             self.run(f"rm -f {q(git_dir + '/' + out)}", 30)
         if len(data) > cap:

@@ -11,7 +11,8 @@
 - ``install_swebench_hooks()`` (once per process): swebench's eval containers (``sweb.eval.*``) are
   created with ``hardened_kwargs`` of the grading in flight on this thread (``grading_limits``), and
   its eval script runs through ``run_capped``: output over the cap raises ``OutputCapExceeded`` (the
-  run yields no report) and is recorded in ``grading_limits(...)``'s state. Patching
+  run yields no report) and is recorded in ``grading_limits(...)``'s state; no output at all raises
+  ``EvalOutputLost`` (no report: an infra failure). Patching
   ``client.containers.create`` does not work: ``.containers`` is a new object on each access, so
   ``ContainerCollection.create`` is wrapped.
 """
@@ -31,6 +32,12 @@ OWNER_LABEL = "sao-harness.owner"
 
 class OutputCapExceeded(RuntimeError):
     """The tests printed more than the grading output cap (a patch failure, not an infra failure)."""
+
+
+class EvalOutputLost(RuntimeError):
+    """The eval script's exec returned no output at all. swebench's eval script traces every command
+    (``set -x``) from its first line, before any code of the patch runs, so a real run always prints:
+    the engine lost the output (an infra failure, never an unresolved verdict)."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +174,9 @@ def install_swebench_hooks() -> None:
             if out.over_cap:
                 g.over_cap = True
                 raise OutputCapExceeded(f"test output over the cap of {g.limits.output_cap_bytes} bytes")
+            if not out.output and not out.timed_out:
+                raise EvalOutputLost(f"the eval script's exec in {container.name} returned no output (exit "
+                                     f"{out.exit_code}): the engine lost it")
             return out.output.decode(errors="replace"), out.timed_out, out.seconds
 
         create.__wrapped__ = original  # type: ignore[attr-defined]

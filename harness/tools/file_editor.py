@@ -76,6 +76,7 @@ fi
 printf 'N\0'
 '''
 
+PROBE_ATTEMPTS = 3  # a probe reply that does not parse is asked for again, up to this many probes in all
 SPARSE_SLACK = 1 << 20  # a file with more holes than this (apparent size - allocated bytes) is refused
 
 
@@ -160,19 +161,25 @@ class SandboxFileEditorExecutor(FileEditorExecutor):
         return ex["Id"], out or b"", err or b""
 
     def _probe(self, paths: list[str], list_dir: str | None, fetch: str | None) -> _Probe:
+        """One probe round trip -> _Probe. The probe only reads, so a reply that does not parse is asked
+        for again (PROBE_ATTEMPTS in all): the engine now and then loses the output of a short exec
+        (exit 0, nothing read; seen about once in 250 episodes), which is not the sandbox being gone."""
         max_bytes = self.editor._max_file_size
         argv = ["bash", "-c", _PROBE, "probe", str(max_bytes), list_dir or "-", fetch or "-", *paths]
-        exec_id, out, err = self._exec(argv)
-        try:
-            return _parse_probe(out, len(paths))
-        except (ValueError, IndexError) as e:
-            self.target.check_running()
+        for _ in range(PROBE_ATTEMPTS):
+            exec_id, out, err = self._exec(argv)
             try:
-                rc = self.target.docker().api.exec_inspect(exec_id).get("ExitCode")
-            except Exception:
-                rc = None
-            raise SandboxUnavailable(f"file probe in {self.target.container} failed (exit {rc}): "
-                                     f"{err.decode(errors='replace')[-300:]!r}") from e
+                return _parse_probe(out, len(paths))
+            except (ValueError, IndexError) as e:
+                self.target.check_running()
+                cause = e
+        try:
+            rc = self.target.docker().api.exec_inspect(exec_id).get("ExitCode")
+        except Exception:
+            rc = None
+        stderr = err.decode(errors="replace")[-300:]
+        raise SandboxUnavailable(f"file probe in {self.target.container} failed {PROBE_ATTEMPTS} times (last "
+                                 f"exit {rc}, {len(out)} bytes out): {stderr!r}") from cause
 
     def _upload(self, cpath: str, data: bytes, mode: int, uid: int, gid: int) -> str | None:
         """Write ``data`` to ``cpath`` in the container; None, or the error the write ran into.

@@ -248,3 +248,30 @@ def test_exec_argv_and_docker_env_for_attached_tools(sandbox):
     assert argv[:3] == ["docker", "exec", "-i"] and sandbox.container_id in argv
     out = subprocess.run(argv, env=sandbox.docker_env(), capture_output=True, text=True, timeout=30)
     assert out.stdout == "bash from sandbox\n", out.stderr
+
+
+def test_a_lost_patch_read_is_read_again_and_never_a_short_patch(sandbox, monkeypatch):
+    """The engine sometimes returns nothing for a short exec. The diff knows its byte count: a short read
+    is read again, and one that stays short is an infrastructure failure, never a shorter patch."""
+    from envs.errors import SandboxError
+    from envs.sandbox import READ_ATTEMPTS
+
+    base = sandbox.run("mkdir -p /tmp/lost && cd /tmp/lost && git init -q . && echo a > f.txt && git add -A && "
+                       "git commit -qm base && git rev-parse HEAD", check=True).output.strip().splitlines()[-1]
+    sandbox.run("echo b > /tmp/lost/f.txt", check=True)
+    want = sandbox.diff_bytes(base, "/tmp/lost")
+    assert b"+b" in want
+    real_read, reads = sandbox._read_bounded, []
+
+    def lose_first(path, limit, timeout_s):
+        reads.append(path)
+        return b"" if len(reads) == 1 else real_read(path, limit, timeout_s)
+
+    monkeypatch.setattr(sandbox, "_read_bounded", lose_first)
+    assert sandbox.diff_bytes(base, "/tmp/lost") == want and len(reads) == 2
+    reads.clear()
+    monkeypatch.setattr(sandbox, "_read_bounded", lambda path, limit, timeout_s: reads.append(path) or want[:-1])
+    with pytest.raises(SandboxError, match=f"read {len(want) - 1} of the patch's {len(want)} bytes"):
+        sandbox.diff_bytes(base, "/tmp/lost")
+    assert len(reads) == READ_ATTEMPTS
+    assert sandbox.run("ls -a /tmp/lost/.git | grep -c sao-patch").output.strip() == "0"  # cleaned up either way

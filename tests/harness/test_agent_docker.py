@@ -269,3 +269,33 @@ def test_file_editor_writes_where_the_archive_api_cannot(engine):
             assert obs.is_error and "Read-only file system" in obs.text
             assert obs.text.endswith("while trying to write to /etc/z.conf")
             assert t.failure is None
+
+
+def test_file_editor_probe_survives_a_lost_exec_reply_but_not_a_persistent_one(sandbox, tools, monkeypatch):
+    """The engine sometimes returns nothing for a short exec (exit 0). The read-only probe asks again, so
+    one lost reply costs nothing; a reply that never parses is an infra failure, never the agent's."""
+    from openhands.tools.file_editor.definition import FileEditorAction  # lazy: imports the openhands SDK
+
+    from harness.tools.file_editor import PROBE_ATTEMPTS
+    from harness.tools.target import SandboxUnavailable
+
+    sandbox.write_file("/testbed/lost.py", b"a = 1\n")
+    editor = tools.file_editor
+    real_exec, calls = editor._exec, []
+
+    def lose_first_reply(argv):
+        calls.append(argv[3])
+        exec_id, out, err = real_exec(argv)
+        return (exec_id, b"", b"") if len(calls) == 1 else (exec_id, out, err)
+
+    monkeypatch.setattr(editor, "_exec", lose_first_reply)
+    obs = tools.file_editor(FileEditorAction(command="view", path="/testbed/lost.py"))
+    assert not obs.is_error and "a = 1" in obs.text and editor.failure is None
+    assert calls[:2] == ["probe", "probe"]  # the probe was asked twice
+
+    calls.clear()
+    monkeypatch.setattr(editor, "_exec", lambda argv: calls.append(argv[3]) or (real_exec(argv)[0], b"", b""))
+    with pytest.raises(SandboxUnavailable, match=f"failed {PROBE_ATTEMPTS} times"):
+        tools.file_editor(FileEditorAction(command="view", path="/testbed/lost.py"))
+    assert calls == ["probe"] * PROBE_ATTEMPTS and isinstance(editor.failure, SandboxUnavailable)
+    editor.failure = None  # the module's shared tools stay usable for the tests after this one

@@ -13,7 +13,7 @@ import pytest
 from envs.config import SandboxConfig
 from envs.limits import HARD_CAP_DRIVERS
 from sao.cli import main
-from tasks.grade import RESOLVED, UNRESOLVED, grade
+from tasks.grade import INFRA, RESOLVED, UNRESOLVED, grade
 from tasks.guard import OUTPUT_CAP, PYTEST_REF, SHADOW
 from tasks.hacks import package_init, package_patch, shadow_patch
 
@@ -85,6 +85,22 @@ def test_over_cap_output_is_a_patch_failure(tasks, tmp_path):
     assert OUTPUT_CAP in r.hack_kinds and "over the cap" in r.error
     assert r.seconds < 120
     assert max(f.stat().st_size for f in Path(tmp_path).rglob("*") if f.is_file()) < 2_000_000
+
+
+def test_lost_eval_output_is_an_infra_failure_never_a_zero(tasks, tmp_path, monkeypatch):
+    """The engine now and then loses a short exec's output. The gold patch's eval run with its output lost
+    has no test results: an infra failure (no reward), not an unresolved patch (reward 0)."""
+    import dataclasses
+
+    import tasks.grade_sandbox as grade_sandbox
+
+    real = grade_sandbox.run_capped
+    monkeypatch.setattr(grade_sandbox, "run_capped",
+                        lambda container, cmd, **kw: dataclasses.replace(real(container, cmd, **kw), output=b""))
+    t = tasks[IDS[0]]
+    r = grade(t, t.patch, log_root=tmp_path)
+    assert (r.status, r.reward) == (INFRA, None), (r.status, r.error)
+    assert "lost" in r.error, r.error
 
 
 def _import_line(task, line: str) -> str:
