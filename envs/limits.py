@@ -39,6 +39,11 @@ class PatchTooLarge(SandboxError):
     """The work tree's diff is over ``sandbox.max_patch_bytes`` (the agent's doing: reward 0)."""
 
 
+class PatchUnavailable(SandboxError):
+    """The sandbox, still running, gave no patch: the agent broke what the diff is made or read with
+    (deleted .git, replaced git, head or wc; as root it can). The agent's doing: reward 0."""
+
+
 class DiskLimitExceeded(ContainerDied):
     """The watchdog killed the sandbox: its disk use went over ``sandbox.disk_bytes`` (the agent's doing)."""
 

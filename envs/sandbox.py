@@ -1,7 +1,9 @@
 """A hardened Docker container with a persistent shell, file I/O and patch extraction.
 
 Contract (``Sandbox(image, cfg)``, a context manager; ``close()`` removes everything it made):
-- The container runs ``sleep infinity`` under ``--init`` with network ``cfg.network`` (default
+- The container's PID 1 is ``KEEPALIVE``, a bash that ignores every signal it can and reaps orphans:
+  PID 1 gets no signal without a handler from inside its namespace, so the agent, even as root,
+  cannot stop the container (which would turn its episode into an infra error). Network ``cfg.network`` (default
   none), memory (= memory+swap), CPU and pids limits, ``no-new-privileges``, ``cap_drop=ALL`` plus
   ``cfg.cap_add``, stop signal SIGKILL, optional read-only root (tmpfs /tmp, a volume at the
   workdir), and the ``envs.labels`` run labels (the volume too).
@@ -38,18 +40,22 @@ from envs.engine import docker_client
 from envs.errors import (
     CommandTimeout,
     ContainerDied,
+    EngineError,
     ImageNotFound,
     OOMKilled,
     SandboxError,
 )
 from envs.faults import engine_calls
 from envs.labels import current_run_id, run_labels
-from envs.limits import DiskLimitExceeded, DiskWatchdog, PatchTooLarge, hard_disk_cap
+from envs.limits import DiskLimitExceeded, DiskWatchdog, PatchTooLarge, PatchUnavailable, hard_disk_cap
 from envs.shell import PersistentShell, ShellExited, ShellResult, ShellTimeout
 
 CommandResult = ShellResult
 KIND_KEY = "sao-harness.kind"
 IMAGE_KEY = "sao-harness.image"
+# PID 1 of every sandbox: signals ignored (SIGKILL / SIGSTOP never reach PID 1 from inside); waiting on a
+# child sleep, bash reaps every exited child, the orphans it adopts included; a killed sleep is restarted
+KEEPALIVE = "trap '' HUP INT QUIT TERM USR1 USR2 ALRM PIPE TSTP TTIN TTOU; while :; do sleep 86400 & wait $!; done"
 READ_ATTEMPTS = 3  # reads of a patch whose byte count does not match what the diff wrote
 
 
@@ -97,8 +103,8 @@ class Sandbox:
 
         cfg = self.cfg
         kwargs = dict(
-            entrypoint=["sleep"], command=["infinity"], name=self.name, labels=self.labels, detach=True,
-            init=True, network_mode=cfg.network, mem_limit=cfg.memory, memswap_limit=cfg.memory,
+            entrypoint=["bash", "-c", KEEPALIVE], command=[], name=self.name, labels=self.labels, detach=True,
+            init=False, network_mode=cfg.network, mem_limit=cfg.memory, memswap_limit=cfg.memory,
             nano_cpus=int(cfg.cpus * 1e9), pids_limit=cfg.pids_limit, security_opt=["no-new-privileges"],
             cap_drop=["ALL"], cap_add=cfg.cap_add or None, working_dir=self.workdir, environment=self.env,
             stop_signal="SIGKILL", shm_size=cfg.shm_size, hostname="sandbox",
@@ -334,7 +340,18 @@ class Sandbox:
         """``git add -A`` then ``git diff --cached --binary <base>`` in ``repo`` (default: the workdir).
 
         At most ``cfg.max_patch_bytes + 1`` bytes are ever written or read back; more is ``PatchTooLarge``.
+        The agent owns its sandbox, so any other failure while the container runs is ``PatchUnavailable``
+        (the agent's doing); a dead container (``ContainerDied``) or engine (``EngineError``) is not.
         """
+        try:
+            return self._diff_bytes(base_commit, repo, timeout_s)
+        except (PatchTooLarge, ContainerDied, EngineError):
+            raise
+        except SandboxError as e:
+            self._raise_if_dead("reading the patch", "")
+            raise PatchUnavailable(f"sandbox {self.name}: the running sandbox gave no patch: {e}") from e
+
+    def _diff_bytes(self, base_commit: str, repo: str | None, timeout_s: float) -> bytes:
         repo = self._abs(repo or self.workdir)
         cap = self.cfg.max_patch_bytes
         out = f".sao-patch-{secrets.token_hex(4)}"
@@ -347,14 +364,18 @@ class Sandbox:
         if res.exit_code != 0:
             raise SandboxError(f"sandbox {self.name}: git diff against {base_commit} in {repo} failed "
                                f"(exit {res.exit_code}): {res.output.strip()[-500:]}")
-        git_dir, size = res.output.strip().splitlines()[-2:]
+        lines = res.output.strip().splitlines()
+        if len(lines) < 2 or not lines[-1].strip().isdigit():
+            raise SandboxError(f"sandbox {self.name}: no patch directory and byte count in the diff's output: "
+                               f"{res.output.strip()[-300:]!r}")
+        git_dir, size = lines[-2], int(lines[-1])
         try:
             for _ in range(READ_ATTEMPTS):  # the engine now and then loses a short exec's output
                 data = self._read_bounded(f"{git_dir}/{out}", cap + 1, timeout_s)
-                if len(data) == int(size):
+                if len(data) == size:
                     break
-            else:  # never a short patch graded as the agent's: an infrastructure failure
-                raise SandboxError(f"sandbox {self.name}: read {len(data)} of the patch's {int(size)} bytes, "
+            else:  # never a short patch graded: a lost reply does not repeat, a lying head or wc does
+                raise SandboxError(f"sandbox {self.name}: read {len(data)} of the patch's {size} bytes, "
                                    f"{READ_ATTEMPTS} times")
         finally:
             self.run(f"rm -f {q(git_dir + '/' + out)}", 30)

@@ -7,7 +7,8 @@ validated ``Trajectory`` whose status says how it ended:
 - ``agent_error``: the agent loop failed for a reason of its own; no reward;
 - ``infra_error``: the sandbox, the engine or the grader failed; no reward, ever (never a 0).
 - ``patch_too_large`` / ``disk_exceeded``: over ``sandbox.max_patch_bytes`` / ``sandbox.disk_bytes``;
-  the agent's doing, so reward 0 (never an infra_error), not graded.
+  ``patch_unavailable``: the sandbox, still running, gave no patch (the agent deleted .git, replaced git,
+  ...); the agent's doing, so reward 0 (never an infra_error), not graded.
 The reward is the guarded verdict (test-file and test-config changes stripped) from a fresh container.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 
 from envs.errors import SandboxError
-from envs.limits import DiskLimitExceeded, PatchTooLarge
+from envs.limits import DiskLimitExceeded, PatchTooLarge, PatchUnavailable
 from envs.sandbox import Sandbox
 from harness.agent import AgentSettings, instruction_for, run_agent
 from harness.proxy import UnknownEpisode
@@ -25,6 +26,8 @@ from harness.trace import Trajectory
 from tasks.grade import grade
 
 INFRA_ERROR = "infra_error"
+LIMIT_STATUS = {PatchTooLarge: "patch_too_large", PatchUnavailable: "patch_unavailable",
+                DiskLimitExceeded: "disk_exceeded"}  # the agent's doing: reward 0
 
 
 @dataclass
@@ -76,8 +79,8 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
                 t0 = time.monotonic()
                 try:
                     patch = sb.diff(task.base_commit)
-                except (PatchTooLarge, DiskLimitExceeded) as e:  # the agent's doing, not infrastructure
-                    limit = ("patch_too_large" if isinstance(e, PatchTooLarge) else "disk_exceeded", str(e))
+                except (PatchTooLarge, PatchUnavailable, DiskLimitExceeded) as e:  # the agent's doing, not infra
+                    limit = (LIMIT_STATUS[type(e)], str(e))
                 timings["diff_s"] = time.monotonic() - t0
     except SandboxError as e:
         sandbox_error = f"{type(e).__name__}: {e}"

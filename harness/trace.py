@@ -20,8 +20,9 @@ import pyarrow as pa
 
 SegmentKind = Literal["observation", "action"]
 STATUSES = ("ok", "truncated_turns", "truncated_context", "agent_error", "infra_error", "stale", "patch_too_large",
-            "disk_exceeded")
-REWARDED_STATUSES = ("ok", "truncated_turns", "truncated_context", "patch_too_large", "disk_exceeded")
+            "disk_exceeded", "patch_unavailable")
+REWARDED_STATUSES = ("ok", "truncated_turns", "truncated_context", "patch_too_large", "disk_exceeded",
+                     "patch_unavailable")
 
 
 class TraceError(ValueError):

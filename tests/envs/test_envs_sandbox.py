@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from envs.sandbox import KEEPALIVE
+
 pytestmark = pytest.mark.docker
 
 
@@ -20,9 +22,21 @@ def test_inside_no_network_no_caps_no_socket_no_host_processes(sandbox):
     assert "CapEff:\t0000000000000000" in r.output
     assert r.output.count("No such file or directory") == 2
     procs = set(lines[4:])  # command names of every process the sandbox can see
-    assert procs - {"", "bash", "docker-init", "sleep", "ps", "sort"} == set(), procs
+    assert procs - {"", "bash", "sleep", "ps", "sort"} == set(), procs
     # host processes (e.g. dockerd, this pytest) are not visible
     assert "dockerd" not in r.output and "pytest" not in r.output
+
+
+def test_the_agent_cannot_stop_its_container_and_orphans_are_reaped(sandbox):
+    """Root in its sandbox, a failing agent tries to end the container (an infra error would leave its
+    failure out of training and of resolved@1): PID 1 ignores every signal sent from inside, a killed
+    keep-alive sleep is restarted, and the orphans PID 1 adopts are reaped (no zombie eats the pids)."""
+    r = sandbox.run("kill -9 1; kill -TERM 1; kill -INT 1; kill -STOP 1; pkill -9 -x sleep; kill -9 -1; "
+                    "sleep 0.5; echo alive", 30)
+    assert r.output.strip().endswith("alive") and sandbox.state()["Status"] == "running"
+    assert sandbox.run("sleep 0.5; ps -eo comm= | grep -cx sleep", 30).output.strip().splitlines()[-1] == "1"
+    r = sandbox.run("for i in $(seq 20); do (sleep 0.1 &); done; sleep 1; ps -eo stat= | grep -c '^Z'", 30)
+    assert r.output.strip().splitlines()[-1] == "0", r.output
 
 
 def test_limits_labels_and_security_options(sandbox, test_run_id):
@@ -32,7 +46,8 @@ def test_limits_labels_and_security_options(sandbox, test_run_id):
     assert hc["Memory"] == 256 * 1024 * 1024 and hc["MemorySwap"] == hc["Memory"]
     assert hc["PidsLimit"] == 128 and hc["NanoCpus"] == 1_000_000_000
     assert hc["CapDrop"] == ["ALL"] and "no-new-privileges" in hc["SecurityOpt"]
-    assert hc["Init"] is True and not hc["Privileged"]
+    assert not hc["Init"] and not hc["Privileged"]  # PID 1 is KEEPALIVE, not docker-init
+    assert attrs["Config"]["Entrypoint"] == ["bash", "-c", KEEPALIVE]
     labels = attrs["Config"]["Labels"]
     assert labels["sao-harness.owner"] == "sao-harness"
     assert labels["sao-harness.run-id"] == test_run_id
@@ -252,8 +267,9 @@ def test_exec_argv_and_docker_env_for_attached_tools(sandbox):
 
 def test_a_lost_patch_read_is_read_again_and_never_a_short_patch(sandbox, monkeypatch):
     """The engine sometimes returns nothing for a short exec. The diff knows its byte count: a short read
-    is read again, and one that stays short is an infrastructure failure, never a shorter patch."""
-    from envs.errors import SandboxError
+    is read again; one that stays short (a lost reply does not repeat; a lying head or wc, planted by
+    the agent, does) is PatchUnavailable, never a shorter patch."""
+    from envs.limits import PatchUnavailable
     from envs.sandbox import READ_ATTEMPTS
 
     base = sandbox.run("mkdir -p /tmp/lost && cd /tmp/lost && git init -q . && echo a > f.txt && git add -A && "
@@ -271,7 +287,30 @@ def test_a_lost_patch_read_is_read_again_and_never_a_short_patch(sandbox, monkey
     assert sandbox.diff_bytes(base, "/tmp/lost") == want and len(reads) == 2
     reads.clear()
     monkeypatch.setattr(sandbox, "_read_bounded", lambda path, limit, timeout_s: reads.append(path) or want[:-1])
-    with pytest.raises(SandboxError, match=f"read {len(want) - 1} of the patch's {len(want)} bytes"):
+    with pytest.raises(PatchUnavailable, match=f"read {len(want) - 1} of the patch's {len(want)} bytes"):
         sandbox.diff_bytes(base, "/tmp/lost")
     assert len(reads) == READ_ATTEMPTS
     assert sandbox.run("ls -a /tmp/lost/.git | grep -c sao-patch").output.strip() == "0"  # cleaned up either way
+
+
+def test_patch_extraction_broken_by_the_agent_is_its_doing_but_a_dead_container_is_not(make_sandbox):
+    """The agent is root in its sandbox: a deleted .git or a replaced git is PatchUnavailable (reward 0);
+    a container that is gone while the patch is read stays an infrastructure fault (ContainerDied)."""
+    from envs.errors import ContainerDied
+    from envs.limits import PatchUnavailable
+
+    sb = make_sandbox()
+    base = sb.run("cd /testbed && git init -q . && echo a > f.txt && git add -A && git commit -qm base && "
+                  "git rev-parse HEAD", check=True).output.strip().splitlines()[-1]
+    sb.run("echo b > /testbed/f.txt", check=True)
+    assert b"+b" in sb.diff_bytes(base)
+    sb.run("mv /usr/bin/git /usr/bin/git.real && printf '#!/bin/sh\\nexit 3\\n' > /usr/bin/git && "
+           "chmod +x /usr/bin/git", check=True)
+    with pytest.raises(PatchUnavailable, match="gave no patch"):
+        sb.diff_bytes(base)
+    sb.run("mv /usr/bin/git.real /usr/bin/git && rm -rf /testbed/.git", check=True)
+    with pytest.raises(PatchUnavailable, match="not a git repository"):
+        sb.diff_bytes(base)
+    sb.container.kill()
+    with pytest.raises(ContainerDied):
+        sb.diff_bytes(base)

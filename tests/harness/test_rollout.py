@@ -118,6 +118,22 @@ def test_container_killed_mid_episode_is_infra_error_without_reward(docker_engin
     assert "infra_error" in traj.metadata
 
 
+@pytest.mark.parametrize("attack", ["rm -rf /testbed/.git", "printf '#!/bin/sh\\necho 7\\n' > /usr/local/bin/wc && "
+                                               "chmod +x /usr/local/bin/wc"])
+def test_an_agent_that_breaks_the_patch_extraction_gets_zero_not_infra(docker_engine, project_root, tmp_path,
+                                                                       tokenizer, attack):
+    """Failing, the agent deletes .git or plants a lying wc so that no patch can be read: that must not
+    turn its 0 into an infra_error (no reward, left out of training and of resolved@1)."""
+    cfg = make_cfg(project_root, tmp_path, f"tasks.instances=[{TASK}]", "rollout.workers=1", "rollout.max_retries=1")
+    tasks = load_tasks("bundled", instances=[TASK])
+    replies = [tool_call("terminal", {"command": attack}), tool_call("finish", {"message": "done"})]
+    engine = ScriptedPolicyEngine(tokenizer, {TASK: replies}, {TASK: tasks[0].problem_statement})
+    stats = rollout(cfg, engine, tokenizer)
+    [traj] = list(TraceStore(cfg.run.dir))
+    assert (traj.status, traj.reward) == ("patch_unavailable", 0.0), traj.metadata
+    assert stats.retries == 0 and stats.infra_errors == 0 and "no patch" in traj.metadata["limit"]
+
+
 def test_tiny_model_rollout_writes_valid_traces_and_resumes(docker_engine, project_root, tmp_path):
     """`sao rollout` with the tiny model (hf engine) on two tasks; a second invocation resumes."""
     run = lambda: subprocess.run(
