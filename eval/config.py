@@ -30,8 +30,9 @@ class EvalConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="evaluation top-p, replaces sampling.top_p (1 = off)")
     workers: int | None = Field(None, gt=0, description="episodes run at once; null = rollout.workers")
     max_workers: int = Field(2, gt=0, description="instances graded at once")
-    grade_timeout_s: float = Field(1800.0, gt=0, description="seconds per swebench run (eval script); past it "
-                                   "the grading is an infra failure")
+    grade_timeout_s: float = Field(1800.0, gt=0, description="seconds per swebench run (eval script); tests "
+                                   "still running past it are the patch's failure (unresolved, 0), a setup "
+                                   "still running is an infra failure")
     grade_output_cap_bytes: int = Field(16_000_000, gt=0, description="test output kept per grading run "
                                         "(official and clean); past it the run is stopped and the patch is "
                                         "unresolved (hack kind output_cap), not an infra failure")

@@ -11,8 +11,9 @@ hardened container from the task image (``tasks.grade_sandbox``):
 3. the report is read back with a bounded read (``JUNIT_MAX_BYTES``), parsed on the host with
    ``xml.etree`` (no DTD, no entities) and every graded test must have passed (an xfail counts as a
    pass, as in swebench's log parser).
-Status: resolved | unresolved | patch_does_not_apply | infra_failure (Docker trouble, a timeout);
-output over ``limits.output_cap_bytes`` is unresolved with ``over_cap``. Pytest tasks only.
+Status: resolved | unresolved | patch_does_not_apply | infra_failure (Docker trouble, a timeout
+before the tests started); output over ``limits.output_cap_bytes`` is unresolved with ``over_cap``, and
+tests that run past the timeout are unresolved. Pytest tasks only.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.grade_sandbox import OWNER_LABEL, GradeLimits, hardened_kwargs, run_capped
+from tasks.grade_sandbox import OWNER_LABEL, GradeLimits, hardened_kwargs, run_capped, tests_started
 
 JUNIT_MAX_BYTES = 4_000_000
 WORKDIR = "/testbed"
@@ -167,9 +168,12 @@ def clean_run(task, patch: str, *, client, limits: GradeLimits, timeout_s: float
             return CleanResult("unresolved", over_cap=True, log_dir=str(out_dir) if out_dir else None,
                                error=f"clean run: test output over the cap of {limits.output_cap_bytes} bytes",
                                seconds=time.monotonic() - t0)
+        if run.timed_out and tests_started(run.output):  # the patch's code ran past the limit
+            return CleanResult("unresolved", error=f"clean run: the tests ran past the timeout of {timeout_s:g} s "
+                               "(a patch failure)", seconds=time.monotonic() - t0)
         if run.timed_out:
-            return CleanResult("infra_failure", error=f"clean run: eval script timed out after {timeout_s:g} s",
-                               seconds=time.monotonic() - t0)
+            return CleanResult("infra_failure", error=f"clean run: eval script timed out after {timeout_s:g} s "
+                               "before its tests started", seconds=time.monotonic() - t0)
         try:
             data = _read_file(container, junit, JUNIT_MAX_BYTES)
             outcomes = parse_junit(data) if data is not None else {}

@@ -15,9 +15,10 @@ Status (of the guarded verdict): resolved | unresolved | empty | patch_does_not_
 output went over ``output_cap_bytes``, which is a patch failure: unresolved, not infra).
 
 ``reward`` is 1.0 / 0.0, and None for an infra failure (Docker trouble, a missing image, a
-timeout): an infra failure is never a reward of 0. swebench's own advisory ``infra_failure`` flag
-(log signatures such as "Could not resolve host", text a patch can print) is reported in ``error``
-but does not change the verdict.
+timeout before the tests started): an infra failure is never a reward of 0. Tests that run past the
+timeout are the patch's doing (``tasks.grade_sandbox.tests_started``): unresolved, 0. swebench's own
+advisory ``infra_failure`` flag (log signatures such as "Could not resolve host", text a patch can
+print) is reported in ``error`` but does not change the verdict.
 
 Every grading container is a sandbox (``tasks.grade_sandbox``): network none, ``cap_drop=ALL``,
 ``no-new-privileges``, the memory / pids / CPU limits of ``sandbox.*``, output streamed with a cap;
@@ -205,6 +206,9 @@ def run_swebench(task, patch: str, *, run_id: str, model: str = "sao", timeout: 
     if g.over_cap:
         return Verdict(UNRESOLVED, None, str(log_dir), f"test output over the cap of {limits.output_cap_bytes} "
                        "bytes (a patch failure)", seconds, over_cap=True)
+    if g.tests_timed_out:  # the patch's code ran past the limit: never "infra failure, no reward"
+        return Verdict(UNRESOLVED, None, str(log_dir), f"the tests ran past the timeout of {timeout:g} s "
+                       "(a patch failure)", seconds)
     if result is not None:
         report = result[1][task.instance_id]
         status = RESOLVED if report.get("resolved") else UNRESOLVED

@@ -11,8 +11,9 @@
 - ``install_swebench_hooks()`` (once per process): swebench's eval containers (``sweb.eval.*``) are
   created with ``hardened_kwargs`` of the grading in flight on this thread (``grading_limits``), and
   its eval script runs through ``run_capped``: output over the cap raises ``OutputCapExceeded`` (the
-  run yields no report) and is recorded in ``grading_limits(...)``'s state; no output at all raises
-  ``EvalOutputLost`` (no report: an infra failure). Patching
+  run yields no report) and is recorded in ``grading_limits(...)``'s state, as is a timeout once the
+  tests had started (``tests_started``: the patch's doing); no output at all raises ``EvalOutputLost``
+  (no report: an infra failure). Patching
   ``client.containers.create`` does not work: ``.containers`` is a new object on each access, so
   ``ContainerCollection.create`` is wrapped.
 """
@@ -119,10 +120,21 @@ def run_capped(container, cmd, *, timeout_s: float, cap_bytes: int, workdir: str
 
 
 # --- swebench's eval containers ---------------------------------------------------------------
+def tests_started(output: bytes | str) -> bool:
+    """Did the eval script reach its tests? swebench's script traces ``: '>>>>> Start Test Output'`` right
+    before the test command; nothing of the patch runs earlier, so a patch cannot print it early. A
+    timeout after it is the patch's code running past the limit (reward 0); before it, setup hung (infra)."""
+    from swebench.harness.constants import START_TEST_OUTPUT  # lazy: swebench is heavy
+
+    marker = START_TEST_OUTPUT if isinstance(output, str) else START_TEST_OUTPUT.encode()
+    return marker in output
+
+
 @dataclass
 class _Grading:
     limits: GradeLimits
     over_cap: bool = False
+    tests_timed_out: bool = False  # the eval script ran past the timeout after its tests had started
     containers: list[str] = field(default_factory=list)
 
 
@@ -174,6 +186,8 @@ def install_swebench_hooks() -> None:
             if out.over_cap:
                 g.over_cap = True
                 raise OutputCapExceeded(f"test output over the cap of {g.limits.output_cap_bytes} bytes")
+            if out.timed_out and tests_started(out.output):
+                g.tests_timed_out = True
             if not out.output and not out.timed_out:
                 raise EvalOutputLost(f"the eval script's exec in {container.name} returned no output (exit "
                                      f"{out.exit_code}): the engine lost it")

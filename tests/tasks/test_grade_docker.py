@@ -98,15 +98,31 @@ def test_grade_in_process_outcomes(tasks, tmp_path):
         grade(t, WRONG_PATCH, run_id="t-wrong", log_root=tmp_path)
 
 
-def test_timeout_is_an_infra_failure_not_a_zero(tasks, tmp_path):
-    from tasks.grade import INFRA, grade
+def test_tests_past_the_timeout_are_a_zero_but_a_hung_setup_is_infra(tasks, tmp_path, monkeypatch):
+    """A patch whose code hangs the tests gets 0: a timeout is no way out of a failing grade. A timeout
+    before the tests started (the setup hung; nothing of the patch had run) is an infra failure."""
+    import dataclasses
+
+    import tasks.grade_sandbox as grade_sandbox
+    from tasks.grade import INFRA, UNRESOLVED, grade
 
     t = tasks[TASK_IDS[0]]
-    slow = t.patch.replace("+    return a + b", "+    import time; time.sleep(30); return a + b")
+    slow = t.patch.replace("+    return a + b", "+    import time; time.sleep(60); return a + b")
     assert slow != t.patch
-    r = grade(t, slow, run_id="t-timeout", timeout=2, log_root=tmp_path)
-    assert r.status == INFRA and r.reward is None and "timed out" in r.error
-    assert r.seconds < 25
+    r = grade(t, slow, run_id="t-timeout", timeout=6, log_root=tmp_path)
+    assert (r.status, r.reward) == (UNRESOLVED, 0.0) and "ran past the timeout" in r.error, r.error
+    assert r.seconds < 40
+
+    real = grade_sandbox.run_capped
+
+    def setup_hangs(container, cmd, **kw):  # the run as it would look had it hung before the tests
+        out = real(container, cmd, **kw)
+        assert grade_sandbox.tests_started(out.output)
+        return dataclasses.replace(out, output=out.output.split(b">>>>> Start Test Output")[0], timed_out=True)
+
+    monkeypatch.setattr(grade_sandbox, "run_capped", setup_hangs)
+    r = grade(t, t.patch, run_id="t-hung", log_root=tmp_path)
+    assert (r.status, r.reward) == (INFRA, None) and "timed out" in r.error, r.error
 
 
 def test_missing_image_is_a_per_instance_error(tasks, tmp_path, capsys):
