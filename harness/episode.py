@@ -79,8 +79,8 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
                 t0 = time.monotonic()
                 try:
                     patch = sb.diff(task.base_commit)
-                except (PatchTooLarge, PatchUnavailable, DiskLimitExceeded) as e:  # the agent's doing, not infra
-                    limit = (LIMIT_STATUS[type(e)], str(e))
+                except tuple(LIMIT_STATUS) as e:  # the agent's doing, not infrastructure
+                    limit = (next(s for cls, s in LIMIT_STATUS.items() if isinstance(e, cls)), str(e))
                 timings["diff_s"] = time.monotonic() - t0
     except SandboxError as e:
         sandbox_error = f"{type(e).__name__}: {e}"
