@@ -11,7 +11,9 @@ Contract:
   limit, or sparse, is refused with the SDK's too-large error before anything is copied; host copies
   get only ``mode & 0o777`` (never setuid / setgid / sticky); no agent-visible text carries the host
   shadow directory.
-- A Docker failure raises ``SandboxUnavailable`` (kept in ``.failure``).
+- A Docker failure raises ``SandboxUnavailable`` (kept in ``.failure``); a probe that fails every
+  time in a running container (the agent removed ``bash``, ...) raises ``SandboxBroken``, the call's
+  error for the agent.
 - It relies on private SDK attributes (``FileEditor._max_file_size``, ``._history_manager``);
   ``tests/harness/test_sdk_pins.py`` pins them.
 """
@@ -40,7 +42,7 @@ from openhands.tools.file_editor.exceptions import (
 )
 from openhands.tools.file_editor.impl import FileEditorExecutor
 
-from harness.tools.target import SandboxTarget, SandboxUnavailable
+from harness.tools.target import SandboxBroken, SandboxTarget, SandboxUnavailable
 
 # One round trip: the container user, the type of each probed path, a directory listing (children and
 # non-hidden grandchildren, following symlinks like Path.is_dir/iterdir), and a regular file's bytes.
@@ -173,13 +175,13 @@ class SandboxFileEditorExecutor(FileEditorExecutor):
             except (ValueError, IndexError) as e:
                 self.target.check_running()
                 cause = e
-        try:
+        try:  # still running after every attempt: what the agent did to it, not infrastructure
             rc = self.target.docker().api.exec_inspect(exec_id).get("ExitCode")
         except Exception:
             rc = None
-        stderr = err.decode(errors="replace")[-300:]
-        raise SandboxUnavailable(f"file probe in {self.target.container} failed {PROBE_ATTEMPTS} times (last "
-                                 f"exit {rc}, {len(out)} bytes out): {stderr!r}") from cause
+        detail = (err or out).decode(errors="replace")[-300:]
+        raise SandboxBroken(f"the file editor cannot read the sandbox: `bash` there failed {PROBE_ATTEMPTS} "
+                            f"times (last exit {rc}): {detail!r}") from cause
 
     def _upload(self, cpath: str, data: bytes, mode: int, uid: int, gid: int) -> str | None:
         """Write ``data`` to ``cpath`` in the container; None, or the error the write ran into.

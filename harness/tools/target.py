@@ -6,6 +6,9 @@ Contract:
   client, ``.cli()`` / ``.cli_env()`` the ``docker`` CLI and the only host environment it gets.
 - ``SandboxUnavailable``: the container is gone or Docker failed (an infrastructure failure);
   ``.check_running()`` raises it unless the container is running.
+- ``SandboxBroken``: the container runs but a tool cannot work in it (the agent removed or broke
+  ``bash``, ...). The agent's doing: the SDK shows it to the agent as the tool's error, the episode
+  goes on, and it is never an infrastructure failure.
 """
 from __future__ import annotations
 
@@ -21,6 +24,10 @@ _CLI_ENV_KEYS = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PA
 
 class SandboxUnavailable(RuntimeError):
     """The sandbox cannot be reached (container gone, Docker error): an infrastructure failure."""
+
+
+class SandboxBroken(RuntimeError):
+    """The container runs, but a tool cannot start or read in it: the agent broke it (a tool error)."""
 
 
 @dataclass

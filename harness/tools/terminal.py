@@ -8,7 +8,10 @@ Contract:
   chunk read: quadratic in a line's length; 16 MB without a newline cost a minute of host CPU).
 - ``SandboxTerminalExecutor(target)``: the SDK's ``TerminalExecutor``; every shell it ever starts,
   including after ``reset=true`` or an ``exit`` typed by the agent, is a shell in the container: no
-  code path can start a host shell. A dead container raises ``SandboxUnavailable`` (kept in ``.failure``).
+  code path can start a host shell. A dead container raises ``SandboxUnavailable`` (kept in ``.failure``);
+  a running one where no shell starts any more (the agent removed ``bash``, ...) raises
+  ``SandboxBroken``, which the agent sees as the command's error. Only the episode's first shell
+  counts as infrastructure: before it, the agent has done nothing.
 - It relies on private SDK attributes and methods; ``tests/harness/test_sdk_pins.py`` pins them.
 """
 from __future__ import annotations
@@ -29,7 +32,7 @@ from openhands.tools.terminal.impl import TerminalExecutor
 from openhands.tools.terminal.terminal.subprocess_terminal import ENTER, SubprocessTerminal
 from openhands.tools.terminal.terminal.terminal_session import TerminalSession
 
-from harness.tools.target import SandboxTarget, SandboxUnavailable
+from harness.tools.target import SandboxBroken, SandboxTarget, SandboxUnavailable
 
 PTY_ROWS, PTY_COLS = 100, 4000
 SHELL_START_TIMEOUT_S = 30.0
@@ -92,10 +95,11 @@ class DockerExecTerminal(SubprocessTerminal):
                 tail = "".join(self.output_buffer)[-300:]
             rc = self.process.poll()
             self.close()
-            self.target.check_running()  # a clearer reason when the container is gone
-            raise SandboxUnavailable(
-                f"shell in container {self.target.container} did not start "
-                f"({'docker exec exited with ' + str(rc) if rc is not None else 'no prompt'}): {tail.strip()!r}")
+            self.target.check_running()  # gone: infrastructure; running: what the agent did to it
+            last = tail.strip().splitlines()[-1:] or [""]  # the runtime's reason; before it, our init line
+            raise SandboxBroken(
+                f"no shell starts in the sandbox any more "
+                f"({'docker exec exited with ' + str(rc) if rc is not None else 'no prompt'}): {last[0]!r}")
         self.clear_screen()
 
     def _wait_ready(self, marker: str, timeout: float) -> bool:
@@ -215,7 +219,10 @@ class SandboxTerminalExecutor(TerminalExecutor):
         self.sessions_started = 0
         self.failure: SandboxUnavailable | None = None
         self._session = None
-        self._session = self._new_session()
+        try:
+            self._session = self._new_session()
+        except SandboxBroken as e:  # before the agent's first action nothing in the container is its doing
+            raise SandboxUnavailable(str(e)) from e
 
     def _new_session(self) -> TerminalSession:
         session = TerminalSession(DockerExecTerminal(self.target), self._no_change_timeout_seconds)

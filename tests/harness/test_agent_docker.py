@@ -247,6 +247,44 @@ def test_container_gone_mid_episode_is_an_infra_error(engine):
         sb.close()
 
 
+@pytest.mark.parametrize("attack", [
+    ["mv /usr/bin/bash /usr/bin/bash.moved", "file_editor"],  # the probe's bash is gone, the shell lives
+    ["mv /usr/bin/bash /usr/bin/bash.moved", "exit", "echo after"],  # no new shell starts
+    ["chmod -x /usr/bin/bash; exit", "echo after"],
+    ["mv /usr/bin/bash /tmp/b && cp /usr/bin/true /usr/bin/bash",  # exit 0, no output: like a lost reply
+     "file_editor", "exit", "echo after"],
+], ids=["mv-bash-edit", "mv-bash-exit", "chmod-bash-exit", "true-as-bash"])
+def test_an_agent_that_breaks_its_tools_gets_an_error_not_an_infra_failure(engine, attack):
+    """The policy is rewarded for hiding a failure as "infra error, no reward": whatever it does inside a
+    running container shows as the tool's error, the episode goes on and ends as its own."""
+    calls = [tool("file_editor", command="view", path="/testbed/a.py") if c == "file_editor"
+             else tool("terminal", command=c) for c in attack]
+    sb = make_repo_sandbox(engine)
+    try:
+        with FakeLLM([*calls, tool("finish", message="done")]) as f:
+            r = run_agent(sb, base_url=f.base_url, instruction="x", episode_id="ep-break", task_id="t-break")
+        assert r.status == "ok" and r.finished and r.error is None, r
+        assert len(f.requests) == len(attack) + 1  # every call answered, then finish
+        seen = json.dumps(f.requests[-1]["messages"][-1])
+        assert "Error executing tool" in seen and ("no shell starts" in seen or "cannot read the sandbox" in seen)
+        assert sb.container_id not in json.dumps(f.requests)
+    finally:
+        sb.close()
+
+
+def test_a_first_shell_that_does_not_start_is_infrastructure(engine):
+    """Before the agent's first action nothing in the container is its doing: no shell is SandboxUnavailable."""
+    from harness.tools import SandboxTarget, SandboxTools, SandboxUnavailable
+
+    sb = make_repo_sandbox(engine)
+    try:
+        sb.run("mv /usr/bin/bash /tmp/b", 30, check=True)  # the sandbox's own shell keeps running
+        with pytest.raises(SandboxUnavailable, match="no shell starts"):
+            SandboxTools(SandboxTarget.from_sandbox(sb))
+    finally:
+        sb.close()
+
+
 def test_file_editor_writes_where_the_archive_api_cannot(engine):
     """Read-only root with a tmpfs /tmp: the editor still writes /tmp and the workdir; a write to the
     read-only root is the agent's error, as the SDK editor would report it."""
@@ -273,11 +311,12 @@ def test_file_editor_writes_where_the_archive_api_cannot(engine):
 
 def test_file_editor_probe_survives_a_lost_exec_reply_but_not_a_persistent_one(sandbox, tools, monkeypatch):
     """The engine sometimes returns nothing for a short exec (exit 0). The read-only probe asks again, so
-    one lost reply costs nothing; a reply that never parses is an infra failure, never the agent's."""
+    one lost reply costs nothing. A reply that never parses from a running container is what the agent did
+    to it (an agent can replace `bash` with `true`): the call's error, never an infrastructure failure."""
     from openhands.tools.file_editor.definition import FileEditorAction  # lazy: imports the openhands SDK
 
     from harness.tools.file_editor import PROBE_ATTEMPTS
-    from harness.tools.target import SandboxUnavailable
+    from harness.tools.target import SandboxBroken
 
     sandbox.write_file("/testbed/lost.py", b"a = 1\n")
     editor = tools.file_editor
@@ -295,7 +334,6 @@ def test_file_editor_probe_survives_a_lost_exec_reply_but_not_a_persistent_one(s
 
     calls.clear()
     monkeypatch.setattr(editor, "_exec", lambda argv: calls.append(argv[3]) or (real_exec(argv)[0], b"", b""))
-    with pytest.raises(SandboxUnavailable, match=f"failed {PROBE_ATTEMPTS} times"):
+    with pytest.raises(SandboxBroken, match=f"failed {PROBE_ATTEMPTS} times"):
         tools.file_editor(FileEditorAction(command="view", path="/testbed/lost.py"))
-    assert calls == ["probe"] * PROBE_ATTEMPTS and isinstance(editor.failure, SandboxUnavailable)
-    editor.failure = None  # the module's shared tools stay usable for the tests after this one
+    assert calls == ["probe"] * PROBE_ATTEMPTS and editor.failure is None

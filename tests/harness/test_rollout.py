@@ -134,6 +134,22 @@ def test_an_agent_that_breaks_the_patch_extraction_gets_zero_not_infra(docker_en
     assert stats.retries == 0 and stats.infra_errors == 0 and "no patch" in traj.metadata["limit"]
 
 
+def test_an_agent_that_removes_bash_is_graded_not_infra(docker_engine, project_root, tmp_path, tokenizer):
+    """With bash gone no new shell starts and the file editor cannot read: errors the agent sees. The
+    episode ends as its own and its patch is graded (0 here), never an infra_error."""
+    cfg = make_cfg(project_root, tmp_path, f"tasks.instances=[{TASK}]", "rollout.workers=1", "rollout.max_retries=1")
+    tasks = load_tasks("bundled", instances=[TASK])
+    replies = [tool_call("terminal", {"command": "mv /usr/bin/bash /tmp/b; exit"}),
+               tool_call("terminal", {"command": "echo after"}),
+               tool_call("file_editor", {"command": "view", "path": "/testbed"}),
+               tool_call("finish", {"message": "done"})]
+    engine = ScriptedPolicyEngine(tokenizer, {TASK: replies}, {TASK: tasks[0].problem_statement})
+    stats = rollout(cfg, engine, tokenizer)
+    [traj] = list(TraceStore(cfg.run.dir))
+    assert (traj.status, traj.reward) == ("ok", 0.0), traj.metadata
+    assert traj.grading is not None and stats.retries == 0 and stats.infra_errors == 0
+
+
 def test_tiny_model_rollout_writes_valid_traces_and_resumes(docker_engine, project_root, tmp_path):
     """`sao rollout` with the tiny model (hf engine) on two tasks; a second invocation resumes."""
     run = lambda: subprocess.run(
