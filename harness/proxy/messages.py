@@ -82,9 +82,30 @@ def is_produced(got: Any, call_ids: tuple) -> bool:
             and tuple(c.get("id") if isinstance(c, dict) else None for c in got.get("tool_calls") or ()) == call_ids)
 
 
+def _is_text(obj: Any) -> bool:
+    """Does ``obj`` hold only valid Unicode? JSON can escape a lone surrogate (``"\\ud800"``), which no
+    UTF-8 text holds: passed on, it fails whoever encodes it next (this server's response, the agent)."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):
+        return False
+    return True
+
+
+def _decodes_to_text(arguments: str) -> bool:
+    """``_is_text`` of what the agent makes of ``arguments`` given as a string: it decodes them once more."""
+    try:
+        return _is_text(json.loads(arguments))
+    except json.JSONDecodeError:
+        return True  # not JSON: the agent reports malformed arguments itself
+    except RecursionError:
+        return False
+
+
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict] | None]:
     """Hermes ``<tool_call>{"name", "arguments"}</tool_call>`` blocks -> (content, OpenAI tool_calls);
-    any malformed block (bad JSON, no name, unterminated) -> (text, None): the whole text is a plain reply."""
+    any malformed block (bad JSON, no name, unterminated, a lone surrogate anywhere) -> (text, None): the
+    whole text is a plain reply."""
     if "<tool_call>" not in text:
         return text, None
     calls = []
@@ -93,11 +114,13 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict] | None]:
             return text, None  # unterminated block
         try:
             obj = json.loads(m.group(1).strip())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than Python recurses
             return text, None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not _is_text(obj):
             return text, None
         args = obj.get("arguments", {})
+        if isinstance(args, str) and not _decodes_to_text(args):
+            return text, None
         calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                       "function": {"name": obj["name"],
                                    "arguments": (args if isinstance(args, str)

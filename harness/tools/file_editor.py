@@ -269,6 +269,10 @@ class SandboxFileEditorExecutor(FileEditorExecutor):
         except SandboxUnavailable as e:
             self.failure = e
             raise
+        except Exception as e:  # the SDK shows the agent a tool's exception: never with the host shadow path
+            if self.shadow not in str(e):
+                raise
+            raise RuntimeError(str(e).replace(self.shadow, "")) from e
 
     def _scrub(self, obs: FileEditorObservation) -> FileEditorObservation:
         """No host path in what the agent sees: the shadow directory is the container's root."""

@@ -18,7 +18,7 @@ from envs.config import SandboxConfig
 from envs.sandbox import Sandbox
 from harness.agent import AgentSettings, instruction_for, run_agent
 from tests.support.agent import make_repo_sandbox
-from tests.support.fakellm import FakeLLM, prompt_call, tool
+from tests.support.fakellm import FakeLLM, Reply, prompt_call, tool
 
 pytestmark = pytest.mark.docker
 
@@ -195,6 +195,57 @@ def test_no_command_or_file_operation_touches_the_host(engine):
     finally:
         sb.close()
     assert not list(Path("/tmp").glob(f"HOSTCANARY*{u}*"))
+
+
+HOSTILE_CALLS = [  # (tool, arguments): what a policy can send that no well-behaved agent would
+    ("file_editor", dict(command="view", path="/testbed/a\x00.py")),
+    ("file_editor", dict(command="view", path="/dev/zero")),
+    ("file_editor", dict(command="view", path="/proc/self/mem")),
+    ("file_editor", dict(command="view", path="/testbed/a.py", view_range=[-5, 10**12])),
+    ("file_editor", dict(command="view", path="/testbed/a.py", view_range="1,2")),
+    ("file_editor", dict(command="insert", path="/testbed/a.py", insert_line=-1, new_str="y")),
+    ("file_editor", dict(command="insert", path="/testbed/a.py", insert_line=10**30, new_str="y")),
+    ("file_editor", dict(command="create", path="/testbed", file_text="x")),
+    ("file_editor", dict(command="str_replace", path="/testbed/a.py", old_str="", new_str="z")),
+    ("file_editor", dict(command="view", path="/testbed/" + "a" * 5000)),  # ENAMETOOLONG on the host copy
+    ("file_editor", dict(command="view", path="/" + "a/" * 3000)),
+    ("file_editor", dict(command="delete", path="/testbed/a.py")),
+    ("file_editor", dict(command="view", path=5)),
+    ("file_editor", dict(command="undo_edit", path="/testbed/never.py")),
+    ("terminal", dict(command="echo a\x00b")),
+    ("terminal", dict(command="")),
+    ("terminal", dict(command="echo hi", timeout=-1)),
+    ("terminal", dict(command="echo hi", timeout="abc")),
+    ("terminal", dict(command="C-z", is_input=True)),
+    ("terminal", dict(command="echo hi", reset=True, is_input=True)),
+    ("terminal", dict(command="kill -9 $$")),
+    ("finish", dict(message=5)),
+]
+
+
+def test_hostile_tool_calls_are_errors_the_agent_sees_and_the_sandbox_lives_on(engine):
+    """Each call above, then `echo alive`: every one is answered (an error or a result), the terminal still
+    works after it, the episode ends as the agent's own (never agent_error / infra_error: no reward) and no
+    host path appears in anything the model is sent."""
+    script = []
+    for name, args in HOSTILE_CALLS:
+        script += [tool(name, **args), tool("terminal", command="echo alive")]
+    script += [Reply(tool_calls=[("think", {"thought": "a"})] * 200), tool("finish", message="done")]
+    sb = make_repo_sandbox(engine)
+    try:
+        with FakeLLM(script) as f:
+            r = run_agent(sb, base_url=f.base_url, instruction="x", episode_id="ep-hostile", task_id="t-hostile",
+                          settings=AgentSettings(max_iterations=len(script), stuck_detection=False))
+        assert r.status == "ok" and r.finished and r.error is None, r
+        assert len(f.requests) == len(script)
+        for i in range(len(HOSTILE_CALLS)):
+            alive = "".join(c["text"] for c in f.requests[2 * i + 2]["messages"][-1]["content"])
+            assert "alive\n[The command completed with exit code 0.]" in alive, HOSTILE_CALLS[i]
+        body = json.dumps(f.requests)
+        for host_path in ("sao-agent-ws-", "sao-fe-", tempfile.gettempdir() + "/tmp"):
+            assert host_path not in body
+    finally:
+        sb.close()
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "prompt"])

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from core.errors import UserError
 from harness.engines.scripted import ScriptedEngine
-from harness.proxy import ProxyServer, check_loopback
+from harness.proxy import ProxyServer, check_loopback, parse_tool_calls
 from harness.store import TraceStore, read_shard
 from harness.tiny_model import ensure_tiny_model
 from sao.config import load_config
@@ -96,6 +96,35 @@ def test_garbled_tool_call_json_is_a_plain_text_reply(server):
     assert r.choices[0].message.content == garbled
     assert proxy.close_episode("garbled").metadata["tool_parse_errors"] == 1
     still_serves(engine, url)
+
+
+@pytest.mark.parametrize("block", [
+    '{"name": "terminal", "arguments": {"command": "echo \\ud800"}}',  # a lone surrogate, as JSON escapes it
+    '{"name": "terminal", "arguments": "{\\"command\\": \\"echo \\\\udcff\\"}"}',  # in arguments given as a string
+    '{"name": "terminal", "arguments": {"\\udfff": "x"}}',  # in a key
+    '{"name": "termin\\ud800al", "arguments": {}}',  # in the name
+], ids=["value", "string-arguments", "key", "name"])
+def test_a_tool_call_that_decodes_to_no_valid_text_is_a_plain_text_reply(server, block):
+    """JSON can escape a lone UTF-16 surrogate, which no UTF-8 text holds. That made the proxy answer 500
+    (an infra_error: no reward, a failure left out of training), or, passed on, the agent's SDK fail
+    (agent_error). It is a malformed call instead."""
+    proxy, engine, url = server
+    text = f"<tool_call>\n{block}\n</tool_call>"
+    engine.add_replies(text)
+    r = client(url, "surrogate").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                                         tools=TOOLS)
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls is None
+    assert r.choices[0].message.content == text
+    assert proxy.close_episode("surrogate").metadata["tool_parse_errors"] == 1
+    still_serves(engine, url)
+
+
+@pytest.mark.parametrize("arguments", ["[" * 5000 + "]" * 5000, '"' + "[" * 5000 + "]" * 5000 + '"'],
+                         ids=["object", "string"])
+def test_a_tool_call_nested_deeper_than_python_recurses_is_a_plain_text_reply(arguments):
+    """3,000 brackets are 3,000 tiny-model tokens: json.loads raised RecursionError, a 500 (infra_error)."""
+    text = '<tool_call>{"name": "terminal", "arguments": ' + arguments + "}</tool_call>"
+    assert parse_tool_calls(text) == (text, None)
 
 
 def test_prompt_over_budget_is_a_clear_error_and_a_recorded_status(server):
