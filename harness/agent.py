@@ -86,6 +86,15 @@ def load_sdk() -> dict[str, Any]:
                 self._requests.append(time.time())
                 return super().generate(*args, **kwargs)
 
+            def post_response_prompt_mock(self, *args, **kwargs):
+                """Prompt-format calls: an array parameter nested deeper than Python recurses is a malformed
+                call the agent is shown (the SDK catches only JSONDecodeError: it was an agent_error)."""
+                try:
+                    return super().post_response_prompt_mock(*args, **kwargs)
+                except RecursionError:
+                    raise llm_exc.FunctionCallValidationError(
+                        "A parameter is nested too deeply to be parsed.") from None
+
         if "LOG_LEVEL" not in os.environ:  # an episode's routine INFO lines (and the in-memory store notice)
             logging.getLogger("openhands").setLevel(logging.WARNING)
             logging.getLogger("openhands.sdk.conversation.state").setLevel(logging.ERROR)

@@ -18,7 +18,7 @@ from envs.config import SandboxConfig
 from envs.sandbox import Sandbox
 from harness.agent import AgentSettings, instruction_for, run_agent
 from tests.support.agent import make_repo_sandbox
-from tests.support.fakellm import FakeLLM, Reply, prompt_call, tool
+from tests.support.fakellm import FakeLLM, Reply, prompt_call, text, tool
 
 pytestmark = pytest.mark.docker
 
@@ -246,6 +246,18 @@ def test_hostile_tool_calls_are_errors_the_agent_sees_and_the_sandbox_lives_on(e
             assert host_path not in body
     finally:
         sb.close()
+
+
+def test_a_prompt_format_call_nested_past_pythons_recursion_is_shown_as_malformed(sandbox):
+    """The SDK decodes a prompt-format array parameter with json.loads and catches only JSONDecodeError: 3,000
+    brackets ended the run as an agent_error (no reward). It is a malformed call the agent is shown."""
+    deep = text("<function=file_editor>\n<parameter=command>view</parameter>\n<parameter=path>/testbed/a.py"
+                "</parameter>\n<parameter=view_range>" + "[" * 3000 + "]" * 3000 + "</parameter>\n</function>")
+    with FakeLLM([deep, prompt_call("finish", message="done")]) as f:
+        r = run_agent(sandbox, base_url=f.base_url, instruction="x", episode_id="ep-deep", task_id="t-deep",
+                      settings=AgentSettings(native_tool_calling=False))
+    assert r.status == "ok" and r.finished and r.error is None, r
+    assert "nested too deeply" in json.dumps(f.requests[1]["messages"][-1])
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "prompt"])

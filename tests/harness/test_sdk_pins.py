@@ -16,6 +16,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from openhands.sdk import LLM
 from openhands.sdk.tool import ToolDefinition
 from openhands.tools.file_editor import FileEditorTool
 from openhands.tools.file_editor.definition import FileEditorObservation
@@ -34,7 +35,8 @@ from harness.tools.terminal import DockerExecTerminal, SandboxTerminalExecutor
 
 SDK_VERSION = importlib.metadata.version("openhands-tools")
 
-# (class, method, parameter names): methods harness.tools overrides (the SDK calls them) or calls.
+# (class, method, parameter names): methods harness.tools (and harness.agent's EpisodeLLM) overrides
+# (the SDK calls them) or calls.
 SIGNATURES = [
     (SubprocessTerminal, "__init__", ["self", "work_dir", "username", "shell_path", "env"]),
     (SubprocessTerminal, "initialize", ["self"]),
@@ -55,6 +57,7 @@ SIGNATURES = [
     (FileEditorExecutor, "__init__", ["self", "workspace_root", "allowed_edits_files"]),
     (FileEditorExecutor, "__call__", ["self", "action", "conversation"]),
     (ToolDefinition, "set_executor", ["self", "executor"]),
+    (LLM, "post_response_prompt_mock", ["self", "resp", "nonfncall_msgs", "tools", "include_security_params"]),
 ]
 # Source fragments the overrides assume: (class, method or None for the whole class, fragment, why).
 SOURCE_FRAGMENTS = [
