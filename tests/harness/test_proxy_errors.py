@@ -86,36 +86,25 @@ def test_rewritten_history_starts_a_new_sequence_and_records_the_break(server, t
     still_serves(engine, url)
 
 
-def test_garbled_tool_call_json_is_a_plain_text_reply(server):
-    proxy, engine, url = server
-    garbled = '<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"\n</tool_call>'
-    engine.add_replies(garbled)
-    r = client(url, "garbled").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
-                                                       tools=TOOLS)
-    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls is None
-    assert r.choices[0].message.content == garbled
-    assert proxy.close_episode("garbled").metadata["tool_parse_errors"] == 1
-    still_serves(engine, url)
-
-
 @pytest.mark.parametrize("block", [
+    '{"name": "terminal", "arguments": {"command": "ls"',  # bad JSON
     '{"name": "terminal", "arguments": {"command": "echo \\ud800"}}',  # a lone surrogate, as JSON escapes it
     '{"name": "terminal", "arguments": "{\\"command\\": \\"echo \\\\udcff\\"}"}',  # in arguments given as a string
     '{"name": "terminal", "arguments": {"\\udfff": "x"}}',  # in a key
     '{"name": "termin\\ud800al", "arguments": {}}',  # in the name
-], ids=["value", "string-arguments", "key", "name"])
-def test_a_tool_call_that_decodes_to_no_valid_text_is_a_plain_text_reply(server, block):
-    """JSON can escape a lone UTF-16 surrogate, which no UTF-8 text holds. That made the proxy answer 500
-    (an infra_error: no reward, a failure left out of training), or, passed on, the agent's SDK fail
-    (agent_error). It is a malformed call instead."""
+], ids=["garbled", "surrogate-value", "surrogate-string-arguments", "surrogate-key", "surrogate-name"])
+def test_a_malformed_tool_call_is_a_plain_text_reply(server, block):
+    """Bad JSON, or JSON that decodes to no valid text: JSON can escape a lone UTF-16 surrogate, which no
+    UTF-8 text holds. That made the proxy answer 500 (an infra_error: no reward, a failure left out of
+    training), or, passed on, the agent's SDK fail (agent_error). Each is a plain-text reply instead."""
     proxy, engine, url = server
     text = f"<tool_call>\n{block}\n</tool_call>"
     engine.add_replies(text)
-    r = client(url, "surrogate").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+    r = client(url, "malformed").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
                                                          tools=TOOLS)
     assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls is None
     assert r.choices[0].message.content == text
-    assert proxy.close_episode("surrogate").metadata["tool_parse_errors"] == 1
+    assert proxy.close_episode("malformed").metadata["tool_parse_errors"] == 1
     still_serves(engine, url)
 
 
