@@ -98,7 +98,7 @@ class DockerExecTerminal(SubprocessTerminal):
             self.target.check_running()  # gone: infrastructure; running: what the agent did to it
             last = tail.strip().splitlines()[-1:] or [""]  # the runtime's reason; before it, our init line
             raise SandboxBroken(
-                f"no shell starts in the sandbox any more "
+                f"no shell starts in the sandbox "
                 f"({'docker exec exited with ' + str(rc) if rc is not None else 'no prompt'}): {last[0]!r}")
         self.clear_screen()
 
@@ -222,7 +222,7 @@ class SandboxTerminalExecutor(TerminalExecutor):
         try:
             self._session = self._new_session()
         except SandboxBroken as e:  # before the agent's first action nothing in the container is its doing
-            raise SandboxUnavailable(str(e)) from e
+            raise SandboxUnavailable(f"container {target.container}: {e}") from e
 
     def _new_session(self) -> TerminalSession:
         session = TerminalSession(DockerExecTerminal(self.target), self._no_change_timeout_seconds)
