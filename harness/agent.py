@@ -130,6 +130,7 @@ class AgentSettings:
     request_timeout_s: int = 660  # per LLM request (from_config: engine.timeout_s + 60)
     stuck_detection: bool = True  # the SDK's stuck detector (the official runner keeps it on)
     no_change_timeout_s: int | None = None  # terminal "no new output" timeout; None = SDK default (30 s)
+    max_command_s: float = 600.0  # wall time of one terminal call; past it the command is stopped
     cli_mode: bool = True  # the SDK system prompt's CLI mode, as the official runner sets it
     profile: str = "openhands"  # "openhands": the SDK's prompt; "compact": short prompt and tool texts
 
@@ -144,7 +145,7 @@ class AgentSettings:
         token = cfg.proxy.resolved_token()  # the proxy's bearer token (proxy.token / $SAO_PROXY_TOKEN)
         if token:
             kw["api_key"] = token
-        for key in ("stuck_detection", "no_change_timeout_s", "model", "profile"):  # optional agent.* keys
+        for key in ("stuck_detection", "no_change_timeout_s", "max_command_s", "model", "profile"):  # optional
             if hasattr(cfg.agent, key):
                 kw[key] = getattr(cfg.agent, key)
         kw.update(overrides)
@@ -328,7 +329,8 @@ def run_agent(sandbox, *, base_url: str, instruction: str, episode_id: str, task
     s = settings or AgentSettings()
     t0 = time.monotonic()
     if tools is None:
-        tools = sdk["SandboxTools"](_target(sandbox), no_change_timeout_seconds=s.no_change_timeout_s)
+        tools = sdk["SandboxTools"](_target(sandbox), no_change_timeout_seconds=s.no_change_timeout_s,
+                                    max_command_s=s.max_command_s)
     workspace = tempfile.mkdtemp(prefix="sao-agent-ws-")
     conv = llm = None
     out: dict[str, Any] = dict(finished=False, hit_max_iterations=False, stuck=False, nudges=0, error=None,

@@ -85,6 +85,9 @@ class AgentConfig(Section):
     stuck_detection: bool = Field(True, description="the SDK's stuck detector, as the official runner keeps it")
     no_change_timeout_s: int | None = Field(None, description='terminal "no new output" timeout in seconds; '
                                             "null = the SDK's 30 s")
+    max_command_s: float = Field(600.0, gt=0, description="wall time one terminal call may take, whatever timeout "
+                                 "the agent asks for and even while the command keeps printing; past it the "
+                                 "command gets ^C, then its shell is killed")
     model: str = Field("openai/sao-policy", description="litellm route to the proxy (the proxy ignores the name)")
     profile: Literal["openhands", "compact"] = Field(
         "openhands", description="openhands: the SDK's system prompt, tool texts and the official SWE-bench "

@@ -33,7 +33,7 @@ from pydantic import Field
 
 from harness.tools.file_editor import SandboxFileEditorExecutor
 from harness.tools.target import SandboxTarget, SandboxUnavailable
-from harness.tools.terminal import SandboxTerminalExecutor
+from harness.tools.terminal import MAX_COMMAND_S, SandboxTerminalExecutor
 
 _BINDINGS: dict[str, SandboxTools] = {}
 _BINDINGS_LOCK = threading.Lock()
@@ -176,10 +176,11 @@ register_tool(COMPACT_THINK_SPEC_NAME, CompactThinkFactory)
 class SandboxTools:
     """One episode's in-container terminal and file editor, registered for tool resolution."""
 
-    def __init__(self, target: SandboxTarget, no_change_timeout_seconds: int | None = None):
+    def __init__(self, target: SandboxTarget, no_change_timeout_seconds: int | None = None,
+                 max_command_s: float = MAX_COMMAND_S):
         self.target = target
         self.key = uuid.uuid4().hex
-        self.terminal = SandboxTerminalExecutor(target, no_change_timeout_seconds)
+        self.terminal = SandboxTerminalExecutor(target, no_change_timeout_seconds, max_command_s)
         try:
             self.file_editor = SandboxFileEditorExecutor(target)
         except BaseException:

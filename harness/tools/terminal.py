@@ -12,6 +12,9 @@ Contract:
   a running one where no shell starts any more (the agent removed ``bash``, ...) raises
   ``SandboxBroken``, which the agent sees as the command's error. Only the episode's first shell
   counts as infrastructure: before it, the agent has done nothing.
+- ``max_command_s``: the wall time one terminal call may take, whatever ``timeout`` the agent asks for and
+  even when the command keeps printing (the SDK then waits for it forever). Past it the command gets ^C
+  through the TTY and, ``KILL_GRACE_S`` later, its shell's session is SIGKILLed; the observation says so.
 - It relies on private SDK attributes and methods; ``tests/harness/test_sdk_pins.py`` pins them.
 """
 from __future__ import annotations
@@ -39,6 +42,9 @@ SHELL_START_TIMEOUT_S = 30.0
 # The docker CLI detaches on its detach keys (default ctrl-p,ctrl-q); make that sequence unlikely.
 DETACH_KEYS = "ctrl-@,ctrl-@"
 MAX_LINE_CHARS = 1 << 16
+MAX_COMMAND_S = 600.0
+KILL_GRACE_S = 5.0
+STOPPED_NOTE = "\n[The sandbox stopped this command: one command may run for at most {s:g} seconds.]"
 LINE_CUT_MARKER = "[... line cut by the sandbox: longer than {n} characters ...]"
 _SHELL_ENV = {"TERM": "xterm-256color", "PAGER": "cat", "GIT_PAGER": "cat", "PS2": ""}
 
@@ -201,9 +207,11 @@ class DockerExecTerminal(SubprocessTerminal):
 class SandboxTerminalExecutor(TerminalExecutor):
     """The SDK's ``TerminalExecutor`` whose every session (first, after reset, after exit) is in the container."""
 
-    def __init__(self, target: SandboxTarget, no_change_timeout_seconds: int | None = None):
+    def __init__(self, target: SandboxTarget, no_change_timeout_seconds: int | None = None,
+                 max_command_s: float = MAX_COMMAND_S):
         # super().__init__ is deliberately not called: it starts a shell on the host.
         self.target = target
+        self.max_command_s = max_command_s
         self.shell_path = None
         self._working_dir = target.workdir
         self._username = None
@@ -241,14 +249,40 @@ class SandboxTerminalExecutor(TerminalExecutor):
         return TerminalObservation.from_text(text=self._RESET_TEXT, command="[RESET]", exit_code=0)
 
     def __call__(self, action, conversation=None) -> TerminalObservation:
+        done, stopped = threading.Event(), threading.Event()
+        watchdog = threading.Timer(self.max_command_s, self._stop_overdue, (done, stopped))
+        watchdog.daemon = True
         try:
             s = self._session
             if s is not None and not s._closed and s.terminal.closed:
                 s.close()  # the shell exited: the SDK resets a closed session before running the command
+            watchdog.start()
             obs = super().__call__(action, conversation)
+            done.set()
             if self._session is not None and self._session.terminal.closed:
                 self.target.check_running()  # the shell died with its container: not the agent's doing
-            return obs
+            return self._noted(obs, STOPPED_NOTE.format(s=self.max_command_s)) if stopped.is_set() else obs
         except SandboxUnavailable as e:
             self.failure = e
             raise
+        finally:
+            done.set()
+            watchdog.cancel()
+
+    def _stop_overdue(self, done: threading.Event, stopped: threading.Event) -> None:
+        """The call is past ``max_command_s``: ^C through the TTY, then SIGKILL the shell's session."""
+        session = self._session
+        if done.is_set() or session is None or session.terminal.closed:
+            return
+        stopped.set()
+        try:
+            session.terminal._write_pty(b"\x03")
+        except OSError:
+            pass
+        if not done.wait(KILL_GRACE_S) and session.terminal.shell_pid is not None:
+            self.target.kill_session(session.terminal.shell_pid)  # the shell exits: the SDK sees it closed
+
+    @staticmethod
+    def _noted(obs: TerminalObservation, note: str) -> TerminalObservation:
+        *head, last = obs.content
+        return obs.model_copy(update={"content": [*head, last.model_copy(update={"text": last.text + note})]})

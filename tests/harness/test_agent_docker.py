@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -73,6 +74,29 @@ def test_terminal_wide_clean_output_and_interrupt(tools):
     assert obs.exit_code == 130 and "CTRL+C was sent" in out  # ^C went through the TTY
     obs, _ = term(tools, "echo still-alive")
     assert obs.text == "still-alive"
+
+
+@pytest.mark.parametrize("command, kw", [
+    ("sleep 100; echo late", {"timeout": 1e9}),  # the agent's own timeout: it waited for the command
+    ("for i in $(seq 100); do echo x$i; sleep 0.5; done", {}),  # steady output: the SDK never stops waiting
+    ("trap '' INT; for i in $(seq 100); do echo y$i; sleep 0.5; done", {}),  # and ^C ignored: the shell is killed
+], ids=["huge-timeout", "steady-output", "ignores-ctrl-c"])
+def test_no_terminal_call_outlives_max_command_s(sandbox, command, kw):
+    """A policy that hangs a terminal call hangs its rollout worker (and a synchronous group barrier)."""
+    from openhands.tools.terminal.definition import TerminalAction  # lazy: imports the openhands SDK
+
+    from harness.tools import SandboxTarget, SandboxTools
+    from harness.tools.terminal import KILL_GRACE_S
+
+    with SandboxTools(SandboxTarget.from_sandbox(sandbox), max_command_s=3) as t:
+        t0 = time.monotonic()
+        obs = t.terminal(TerminalAction(command=command, **kw))
+        took = time.monotonic() - t0
+        assert 3 <= took < 3 + KILL_GRACE_S + 5, took
+        assert obs.text.endswith("[The sandbox stopped this command: one command may run for at most 3 seconds.]")
+        assert "late" not in obs.text and t.failure is None
+        obs = t.terminal(TerminalAction(command="echo alive"))  # the next command runs (in a new shell if killed)
+        assert "alive" in obs.text and not obs.text.endswith("seconds.]")
 
 
 def test_terminal_reset_ends_what_the_old_shell_left_running(tools):

@@ -78,7 +78,8 @@ SOURCE_FRAGMENTS = [
 # Terminal state the overrides read or write (set by SubprocessTerminal / TerminalInterface __init__).
 TERMINAL_STATE = ["PS1", "process", "_pty_master_fd", "output_buffer", "output_lock", "reader_thread",
                   "_current_command_running", "_initialized", "_closed"]
-OWN_EXECUTOR_STATE = {"target", "sessions_started", "failure"}  # SandboxTerminalExecutor's own attributes
+# SandboxTerminalExecutor's own attributes
+OWN_EXECUTOR_STATE = {"target", "sessions_started", "failure", "max_command_s"}
 
 
 def _self_assignments(fn) -> set[str]:
