@@ -122,8 +122,10 @@ def run_capped(container, cmd, *, timeout_s: float, cap_bytes: int, workdir: str
 # --- swebench's eval containers ---------------------------------------------------------------
 def tests_started(output: bytes | str) -> bool:
     """Did the eval script reach its tests? swebench's script traces ``: '>>>>> Start Test Output'`` right
-    before the test command; nothing of the patch runs earlier, so a patch cannot print it early. A
-    timeout after it is the patch's code running past the limit (reward 0); before it, setup hung (infra)."""
+    before the test command. A timeout after it is the patch's code running past the limit (reward 0);
+    before it, the setup hung (infra). The bundled tasks' setup runs none of the patch's code; an eval
+    script that reinstalls the package before its tests (some SWE-bench repositories do) runs the
+    patch's build code there, and a patch that hangs it is still an infra failure (docs/threats.md)."""
     from swebench.harness.constants import START_TEST_OUTPUT  # lazy: swebench is heavy
 
     marker = START_TEST_OUTPUT if isinstance(output, str) else START_TEST_OUTPUT.encode()
