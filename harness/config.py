@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from core.config import Section
+from harness.tiny_model import MODEL_SHAPE, resolve_model_path
 
 
 class ModelConfig(Section):
@@ -43,7 +45,9 @@ class EngineConfig(Section):
                              "models)")
     tensor_parallel_size: int = Field(1, gt=0, description="vllm: GPUs per engine")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: fraction of GPU memory it may take")
-    max_model_len: int | None = Field(None, gt=0, description="vllm: context length; null = the model's")
+    max_model_len: int | None = Field(None, gt=0, description="the context length the engine serves (vllm: "
+                                      "passed to it); null = the model's max_position_embeddings; the proxy's "
+                                      "context budget is capped at it")
     replicas: int = Field(1, gt=0, description="sao train: engine replicas (Ray actors, each with its own proxy); "
                           "each episode goes to the least-loaded one")
     gpus_per_replica: float | None = Field(None, ge=0, description="sao train: GPUs Ray reserves per replica; null "
@@ -62,9 +66,21 @@ class ProxyConfig(Section):
                       "address only with proxy.token set)")
     port: int = Field(8000, ge=0, lt=65536, description="sao serve: port (0 = any free one)")
     context_budget: int = Field(131_072, gt=0, description="tokens per episode; past it the turn ends with "
-                                "finish_reason `length` and the episode is truncated_context")
+                                "finish_reason `length` and the episode is truncated_context; capped at the "
+                                "model's length (engine.max_model_len, else its max_position_embeddings): "
+                                "`sao config` prints the budget in force")
     tool_format: Literal["native", "prompt"] = Field("native", description="the agent's tool-call format: native "
                                                      "tools, or tools described in the prompt text")
+    tool_parser: str | None = Field(None, description="how tool calls are read from the model's text, by vLLM's "
+                                    "--tool-call-parser names: hermes, qwen3_coder, llama3_json, glm45, none; null "
+                                    "= the format the chat template teaches")
+    reasoning_parser: str | None = Field(None, description="how reasoning is split out of the reply into "
+                                         "reasoning_content, by vLLM's --reasoning-parser names: qwen3, glm45, "
+                                         "deepseek_r1, none; null = qwen3 (glm45) if the template has </think>")
+    chat_template: Path | None = Field(None, description="a Jinja chat template file used instead of the "
+                                       "tokenizer's (e.g. one that keeps past reasoning)")
+    chat_template_kwargs: dict = Field({}, description="extra variables for every render of the chat template, "
+                                       "e.g. {enable_thinking: false}")
     full_history_check: bool = Field(False, description="compare every message every turn (catches in-place "
                                      "edits of the history; O(history) per turn)")
     max_request_bytes: int = Field(8 * 1024 * 1024, gt=0, description="largest request body accepted; a larger "
@@ -98,9 +114,62 @@ class AgentConfig(Section):
 class RolloutConfig(Section):
     """Episodes in parallel and their retries."""
 
-    workers: int = Field(2, gt=0, description="episodes run in parallel (the rollout workers in train)")
+    workers: int = Field(2, gt=0, description="episodes run in parallel (the rollout workers in train); a "
+                         "proxy serves as many turns at once (at least 40)")
     max_retries: int = Field(2, ge=0, description="retries of an episode that ended in an infra error")
     episodes_per_task: int = Field(1, gt=0, description="sao rollout: trajectories per task")
     node_resources: dict[str, float] = Field({}, description="sao train: custom Ray resources each rollout worker "
                                              "takes, e.g. {docker: 1} on nodes started with --resources "
                                              "'{\"docker\": N}'; {} = on an engine replica's node")
+
+
+@dataclass(frozen=True)
+class ContextBudget:
+    """The context budget in force (``context_budget(cfg)``)."""
+
+    tokens: int  # tokens per episode: the smaller of proxy.context_budget and model_max
+    source: str  # what set it: "proxy.context_budget", "engine.max_model_len" or "max_position_embeddings ..."
+    model_max: int | None  # the model's maximum length; None: unknown
+    warning: str | None = None  # why model_max is unknown (the budget is then proxy.context_budget alone)
+
+    def describe(self) -> str:
+        """One line: the budget and where it comes from."""
+        line = f"context budget {self.tokens} tokens (from {self.source}"
+        if self.model_max is not None and self.source == "proxy.context_budget":
+            line += f"; the model allows {self.model_max}"
+        return line + ")" + (f"; {self.warning}" if self.warning else "")
+
+
+def context_budget(cfg) -> ContextBudget:
+    """The effective context budget of ``cfg``: the smaller of ``proxy.context_budget`` and the model's
+    maximum length, which is ``engine.max_model_len`` where set, else the ``max_position_embeddings`` of
+    the model's config (the tiny model: its recipe; a directory or a Hugging Face id: its config.json,
+    read offline). Where that config cannot be read (e.g. a hub id not in the local cache), the budget
+    is ``proxy.context_budget`` and ``warning`` says why. The proxy and ``sao config`` both use this."""
+    configured = cfg.proxy.context_budget
+    model_max, source, warning = cfg.engine.max_model_len, "engine.max_model_len", None
+    if model_max is None:
+        model_max, source, warning = _max_position_embeddings(cfg.model)
+    if model_max is not None and model_max < configured:
+        return ContextBudget(model_max, source, model_max)
+    return ContextBudget(configured, "proxy.context_budget", model_max, warning)
+
+
+def _max_position_embeddings(model_cfg) -> tuple[int | None, str, str | None]:
+    """``(max_position_embeddings or None, where it was read, why it could not be)`` of ``model.path``."""
+    if model_cfg.path == "tiny":  # the recipe's value, without building the model
+        return MODEL_SHAPE["max_position_embeddings"], "max_position_embeddings of the tiny model", None
+    from transformers import AutoConfig  # lazy: transformers is heavy
+
+    path = resolve_model_path(model_cfg)
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        length = getattr(config.get_text_config(), "max_position_embeddings", None)
+    except Exception as e:  # noqa: BLE001  (any reason the config is unreadable: fall back, and say so)
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        return None, "", (f"the model config of {path!r} could not be read ({reason[:300]}): the model's "
+                          "maximum length is unknown, so the budget is proxy.context_budget alone")
+    if not isinstance(length, int) or length <= 0:
+        return None, "", (f"the model config of {path!r} has no max_position_embeddings: the model's maximum "
+                          "length is unknown, so the budget is proxy.context_budget alone")
+    return length, f"max_position_embeddings of {path}", None

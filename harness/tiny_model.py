@@ -167,3 +167,54 @@ def resolve_model_path(model_cfg) -> str:
     if model_cfg.path == "tiny":
         return str(ensure_tiny_model(model_cfg.cache_dir, model_cfg.tiny_seed))
     return model_cfg.path
+
+
+def templated_tiny_model(cache_dir: str | Path, name: str, chat_template: str, special_tokens: tuple[str, ...] = (),
+                         eos_token: str | None = None, bos_token: str | None = None,
+                         stop_tokens: tuple[str, ...] = (), seed: int = 0) -> Path:
+    """The tiny model speaking another model family's chat format, built once per recipe under ``cache_dir``.
+
+    A copy of ``ensure_tiny_model(cache_dir, seed)`` whose tokenizer carries ``chat_template`` (a published
+    template's Jinja text), gains ``special_tokens`` (the model's embeddings grow to match, new rows drawn
+    from ``seed``), and has ``eos_token`` / ``bos_token``; ``generation_config.json`` stops on the EOS and
+    on ``stop_tokens`` (e.g. Llama 3's ``<|eom_id|>``, GLM's ``<|observation|>``), as the family's own does.
+    """
+    spec = {"base": recipe_hash(seed), "name": name, "template": chat_template, "special": list(special_tokens),
+            "eos": eos_token, "bos": bos_token, "stop": list(stop_tokens)}
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    cache_dir = Path(cache_dir)
+    target = cache_dir / f"tiny-{name}-{digest}"
+    if (target / "sao_recipe.json").is_file():
+        return target
+    base = ensure_tiny_model(cache_dir, seed)
+
+    def build(out: Path) -> None:
+        # lazy: torch / transformers are heavy
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        tok = AutoTokenizer.from_pretrained(base)
+        new = [t for t in special_tokens if t not in tok.get_vocab()]
+        if new:
+            tok.add_special_tokens({"additional_special_tokens": new}, replace_extra_special_tokens=False)
+        if eos_token:
+            tok.eos_token = eos_token
+        if bos_token:
+            tok.bos_token = bos_token
+        tok.chat_template = chat_template
+        tok.save_pretrained(out)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_pretrained(base)
+            model.resize_token_embeddings(len(tok), mean_resizing=False)
+        stops = [tok.convert_tokens_to_ids(t) for t in (tok.eos_token, *stop_tokens)]
+        model.config.eos_token_id = stops[0]
+        model.generation_config = GenerationConfig(eos_token_id=stops, pad_token_id=tok.pad_token_id)
+        model.save_pretrained(out, safe_serialization=True)
+        (out / "sao_recipe.json").write_text(json.dumps({"recipe": digest, "seed": seed, "family": name}) + "\n")
+
+    with open(cache_dir / ".tiny.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "sao_recipe.json").is_file():
+            atomic_dir(target, build)
+    return target

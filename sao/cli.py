@@ -16,6 +16,7 @@ import sys
 
 from core.config import ConfigError
 from core.errors import UserError
+from harness.config import context_budget
 from sao.config import config_table, dump_config, load_config
 
 AREAS = ("envs.cli", "tasks.cli", "harness.cli", "trainer.cli", "eval.cli", "sao.serve")
@@ -54,8 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_config(args) -> int:
-    """The validated config as YAML; with --markdown, the key table of the built-in defaults (README.md)."""
-    print(config_table() if args.markdown else dump_config(args.cfg), end="")
+    """The validated config as YAML, then the context budget in force as a YAML comment (the output stays
+    a config file); with --markdown, the key table of the built-in defaults (README.md)."""
+    if args.markdown:
+        print(config_table(), end="")
+        return 0
+    print(dump_config(args.cfg), end="")
+    print(f"# {context_budget(args.cfg).describe()}")
     return 0
 
 

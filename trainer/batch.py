@@ -5,8 +5,10 @@ One trajectory is one row, right-padded. The terminal reward sits on the row's l
 Rejected with ValueError, naming the trajectory:
   - a trajectory without a reward (status infra_error, agent_error, stale ...): filter those out and
     count them before building a batch; they are never trained on as 0;
-  - a trajectory with `breaks` (the proxy restarted the token sequence): its halves are different
-    contexts, so it is not one row; we reject it rather than guess how to split the credit;
+  - a trajectory with `breaks` (the proxy restarted the token sequence): its pieces are different
+    contexts, so it is not one row, and split into rows its earlier pieces would get wrong credit
+    (trainer.sao's module doc); `SAOTrainer.update` skips and counts such trajectories
+    (`rollout/break_frac`) before building a batch;
   - an action token at position 0 (nothing to predict it from).
 """
 from __future__ import annotations

@@ -259,14 +259,15 @@ class RankTrainer:
         """One update on the global batch (every rank gets all of it); the metrics of the whole
         batch (rank 0's view for the ones neither summed nor token-weighted)."""
         trainer, world = self.trainer, self.dp.world_size
-        kept, unrewarded, stale = trainer._select(trajectories)
+        kept, unrewarded, stale, broken = trainer._select(trajectories)
         parts = split(kept, world, by_task=trainer.config.advantage == "grpo")
         mine = parts[self.dp.rank] if all(parts) else []  # too few to go round: skipped on every rank
         metrics = trainer.update(mine)
         n_in = len(trajectories)
         infra = sum(t.status == "infra_error" for t in trajectories)
         metrics.update({"rollout/trajectories_in": float(n_in), "rollout/excluded_unrewarded": float(unrewarded),
-                        "rollout/dropped_stale": float(stale), "rollout/infra_failure_rate": infra / max(n_in, 1)})
+                        "rollout/dropped_stale": float(stale), "rollout/infra_failure_rate": infra / max(n_in, 1),
+                        "rollout/break_frac": broken / max(n_in, 1)})
         if not mine:
             return metrics
         rewards = torch.tensor([float(t.reward) for t in kept])  # every rank has the whole batch

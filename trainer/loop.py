@@ -13,7 +13,9 @@
       metrics, progress line; checkpoint every save_every steps
 
 - The queue is the trace store (`trainer.queue`): consumed = trained, or excluded and counted (an
-  unrewarded trajectory; one more than `max_staleness` versions older than the policy).
+  unrewarded trajectory; one more than `max_staleness` versions older than the policy; one with
+  history breaks, which the update skips: `rollout/break_frac`, trainer.sao). Consumed is final: a
+  resumed run never reads it again.
 - async (SAO, docs/algorithm.md sections 2, 5): a batch is the first B usable trajectories, taken the moment
   B are there; workers never wait, weights change under running episodes (every token records its
   version). sync (the baseline, section 6): `B / G` tasks x G rollouts per round; the trainer waits
@@ -301,8 +303,9 @@ def _train(cfg, update_fn, log) -> dict:
                 round_id = f"{session}:{step}"
                 if step < tc.max_steps:
                     get(feed.open_round.remote(round_id), timeout, "opening the next round")
-            counters.trained += len(trajectories)
-            trained_here += len(trajectories)
+            trained = sum(not t.breaks for t in trajectories)  # one with breaks: consumed, skipped (trainer.sao)
+            counters.trained += trained
+            trained_here += trained
 
             eng = engines.stats()
             now = time.monotonic()

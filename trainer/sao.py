@@ -23,7 +23,18 @@ each micro-batch's loss is a *sum* over its tokens, gradients accumulate, and ar
 batch's token count N before clipping, so the step equals the step on the whole batch.
 
 Exclusions (never trained, always counted in the metrics): trajectories without a reward
-(infra_error, agent_error, stale) and those older than `max_staleness` policy versions.
+(infra_error, agent_error, stale), those older than `max_staleness` policy versions, and those with
+history breaks (`rollout/break_frac`).
+
+Breaks are skipped, not split into one row per piece. At a break the proxy restarted the token
+sequence (the client rewrote its history), so a trajectory with breaks is several contexts. Split
+with the reward on the last piece's last action token and nothing bridging the break, the earlier
+piece would end on an action token with no reward and no successor: GAE (gamma = 1) would give its
+actions the return 0, the credit of a failed episode, whatever the episode's outcome. Copying the
+reward to every piece instead would count one episode as several samples (reward_mean, GRPO groups,
+the running mean), and the length-adaptive lambda would see a piece's length, not the episode's.
+Breaks are rare (the agent runs without a condenser, so only a client rewriting its history makes
+one); `rollout/break_frac` says how rare.
 """
 from __future__ import annotations
 
@@ -116,16 +127,19 @@ class SAOTrainer:
             self.dist.balance(self, module, passes, backward)
 
     def _select(self, trajectories: list[Trajectory]):
-        """Drop (and count) the unrewarded and the too-stale trajectories."""
-        kept, unrewarded, stale = [], 0, 0
+        """Drop (and count) the unrewarded, the too-stale and the broken (history breaks: see the module
+        doc) trajectories: ``(kept, unrewarded, stale, broken)``."""
+        kept, unrewarded, stale, broken = [], 0, 0, 0
         for traj in trajectories:
             if traj.reward is None:
                 unrewarded += 1
             elif traj.versions and self.policy_version - traj.versions[0] > self.config.max_staleness:
                 stale += 1
+            elif traj.breaks:
+                broken += 1
             else:
                 kept.append(traj)
-        return kept, unrewarded, stale
+        return kept, unrewarded, stale, broken
 
     @torch.no_grad()
     def compute_values(self, batch: TrajectoryBatch, groups: list[list[int]]) -> torch.Tensor:
@@ -255,10 +269,10 @@ class SAOTrainer:
         cfg = self.config
         metrics: dict[str, float] = {}
         n_in = len(trajectories)
-        kept, unrewarded, stale = self._select(trajectories)
+        kept, unrewarded, stale, broken = self._select(trajectories)
         metrics.update({
             "rollout/trajectories_in": float(n_in), "rollout/excluded_unrewarded": float(unrewarded),
-            "rollout/dropped_stale": float(stale),
+            "rollout/dropped_stale": float(stale), "rollout/break_frac": broken / max(n_in, 1),
             "rollout/infra_failure_rate": sum(t.status == "infra_error" for t in trajectories) / max(n_in, 1),
         })
         if not kept:

@@ -1,13 +1,9 @@
-"""OpenAI chat messages in and out of the proxy: request messages normalized for the chat template,
-Hermes ``<tool_call>`` replies parsed into OpenAI ``tool_calls``, errors as OpenAI-shaped JSON."""
+"""OpenAI chat messages in and out of the proxy: request messages normalized for the chat template
+(and for rendering: tool-call arguments as objects), errors as OpenAI-shaped JSON."""
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from typing import Any
-
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 
 
 class ProxyError(Exception):
@@ -82,7 +78,7 @@ def is_produced(got: Any, call_ids: tuple) -> bool:
             and tuple(c.get("id") if isinstance(c, dict) else None for c in got.get("tool_calls") or ()) == call_ids)
 
 
-def _is_text(obj: Any) -> bool:
+def is_text(obj: Any) -> bool:
     """Does ``obj`` hold only valid Unicode? JSON can escape a lone surrogate (``"\\ud800"``), which no
     UTF-8 text holds: passed on, it fails whoever encodes it next (this server's response, the agent)."""
     try:
@@ -92,38 +88,31 @@ def _is_text(obj: Any) -> bool:
     return True
 
 
-def _decodes_to_text(arguments: str) -> bool:
-    """``_is_text`` of what the agent makes of ``arguments`` given as a string: it decodes them once more."""
+def decodes_to_text(arguments: str) -> bool:
+    """``is_text`` of what the agent makes of ``arguments`` given as a string: it decodes them once more."""
     try:
-        return _is_text(json.loads(arguments))
+        return is_text(json.loads(arguments))
     except json.JSONDecodeError:
         return True  # not JSON: the agent reports malformed arguments itself
     except RecursionError:
         return False
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict] | None]:
-    """Hermes ``<tool_call>{"name", "arguments"}</tool_call>`` blocks -> (content, OpenAI tool_calls);
-    any malformed block (bad JSON, no name, unterminated, a lone surrogate anywhere) -> (text, None): the
-    whole text is a plain reply."""
-    if "<tool_call>" not in text:
-        return text, None
-    calls = []
-    for m in _TOOL_CALL.finditer(text):
-        if not m.group(2):
-            return text, None  # unterminated block
-        try:
-            obj = json.loads(m.group(1).strip())
-        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than Python recurses
-            return text, None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not _is_text(obj):
-            return text, None
-        args = obj.get("arguments", {})
-        if isinstance(args, str) and not _decodes_to_text(args):
-            return text, None
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": obj["name"],
-                                   "arguments": (args if isinstance(args, str)
-                                                 else json.dumps(args, ensure_ascii=False))}})
-    content = _TOOL_CALL.sub("", text).strip()
-    return content or None, calls
+def for_template(messages: list[dict]) -> list[dict]:
+    """Normalized messages as chat templates expect them: tool-call arguments as objects, as vLLM passes
+    them (Qwen3-Coder, GLM and Llama 3.1 iterate over them; a string that is no JSON object stays one)."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                args = c["function"]["arguments"]
+                try:
+                    parsed = json.loads(args) if isinstance(args, str) else args
+                except (json.JSONDecodeError, RecursionError):
+                    parsed = args
+                calls.append({**c, "function": {**c["function"],
+                                                "arguments": parsed if isinstance(parsed, dict) else args}})
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out

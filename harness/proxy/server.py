@@ -8,30 +8,40 @@ Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``,
 Guards, before any route: with a token (``proxy.token``, else ``$SAO_PROXY_TOKEN``) every request must
 carry ``Authorization: Bearer <token>`` (else 401); a body over ``proxy.max_request_bytes`` is a 413,
 refused from its ``Content-Length`` before it is read, a chunked one as soon as it passes the limit.
+
+Concurrency: a turn (``Session.complete``, blocking on the engine) runs in a worker thread, at most
+``max_turns_in_flight = max(rollout.workers, MIN_TURN_THREADS)`` at once (a limiter of the proxy's own,
+not anyio's default pool of 40), so every rollout worker's turn can be in the engine at the same time.
 """
 from __future__ import annotations
 
 import hmac
 import ipaddress
 import json
+import logging
 import threading
 import time
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from core.errors import UserError
-from harness.config import TOKEN_ENV
+from harness.config import TOKEN_ENV, context_budget
 from harness.engines import SamplingParams, sampling_from_config
 from harness.proxy.messages import ProxyError
+from harness.proxy.parsers import parsers_from_config
 from harness.proxy.session import Session
-from harness.proxy.template import ChatTemplate
+from harness.proxy.template import template_from_config
 from harness.trace import Trajectory
+
+log = logging.getLogger(__name__)
 
 HEADER_EPISODE = "x-episode-id"
 HEADER_TASK = "x-task-id"
 DEFAULT_EPISODE = "default"
+MIN_TURN_THREADS = 40  # anyio's default pool: what `sao serve` with few rollout workers keeps
 
 
 class UnknownEpisode(ProxyError, KeyError):
@@ -100,10 +110,16 @@ class ProxyServer:
         self.engine, self.cfg, self.store = engine, cfg, store
         # see Session._extends; default: proxy.full_history_check
         self.full_history_check = cfg.proxy.full_history_check if full_history_check is None else full_history_check
-        self.template = ChatTemplate(tokenizer)
+        self.template = template_from_config(tokenizer, cfg.proxy)
+        self.tool_parser, self.reasoning_parser = parsers_from_config(self.template, cfg.proxy)
         self.tokenizer_path = str(getattr(tokenizer, "name_or_path", "") or "")
         self.model_name = model_name or cfg.model.path
-        self.context_budget = cfg.proxy.context_budget
+        budget = context_budget(cfg)  # proxy.context_budget, or the model's length if shorter
+        self.context_budget, self.context_budget_source = budget.tokens, budget.source
+        if budget.warning:
+            log.warning("%s", budget.warning)
+        self.max_turns_in_flight = max(cfg.rollout.workers, MIN_TURN_THREADS)
+        self._turn_limiter = anyio.CapacityLimiter(self.max_turns_in_flight)
         self.max_request_bytes = cfg.proxy.max_request_bytes
         self.token = cfg.proxy.resolved_token()  # None: no authentication
         self.sessions: dict[str, Session] = {}
@@ -198,7 +214,8 @@ class ProxyServer:
                     raise ProxyError(400, "request body must be a JSON object")
                 session = self.session(request.headers.get(HEADER_EPISODE) or DEFAULT_EPISODE,
                                        request.headers.get(HEADER_TASK))
-                return JSONResponse(await run_in_threadpool(session.complete, body))
+                return JSONResponse(await anyio.to_thread.run_sync(session.complete, body,
+                                                                   limiter=self._turn_limiter))
             except ProxyError as e:
                 return error(e)
             except Exception as e:  # a bug must not take the server down: answer it as a 500

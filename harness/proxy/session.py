@@ -8,9 +8,9 @@ of that sequence so far plus the new observation:
     prompt_t = obs_1 + act_1 + ... + obs_{t-1} + act_{t-1} + obs_t        (``Session.seq`` + ``obs_t``)
 
 so every sampled token's logprob is conditioned on exactly the trace tokens before it. ``act_i`` are the
-engine's ids, never decoded and re-encoded; ``obs_t`` is the end-of-turn text ``act_{t-1}`` still owes
-(``ChatTemplate.owed_turn_end``) plus the new messages (tool results, user nudges) and the generation
-prompt rendered as a continuation of the template (``ChatTemplate.continuation``). When the client's
+engine's ids, never decoded and re-encoded; ``obs_t`` is what the template puts after ``act_{t-1}``: the
+end-of-turn text it still owes, the new messages (tool results, user nudges) and the generation prompt,
+rendered anchored on the end of that turn (``ChatTemplate.after_reply``). When the client's
 messages do not extend what the sequence saw (``Session._extends``), a new sequence starts whose
 ``obs_1`` is a full render of the messages, and ``Trajectory.breaks`` records the trace offset where it
 starts. A turn that fails (budget, engine) leaves the trace and the sequence as they were.
@@ -26,13 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from harness.engines import EngineTimeout, GenerateResult, SamplingParams
 from harness.engines.protocol import find_stop
-from harness.proxy.messages import (
-    ProxyError,
-    is_produced,
-    message_key,
-    normalize_message,
-    parse_tool_calls,
-)
+from harness.proxy.messages import ProxyError, is_produced, message_key, normalize_message
+from harness.proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, no_tool_parser
 from harness.proxy.template import drift_report
 from harness.trace import Segment, Trajectory
 
@@ -57,7 +52,8 @@ class Session:
         self.tools_key: str | None = None
         self.tools: list | None = None
         self.system: dict | None = None
-        self.owed = ""  # end-of-turn text the last reply still owes
+        self.owed = ""  # end-of-turn text the last reply still owes (for the drift report)
+        self.last_reply: list[int] = []  # the last reply's final token (the stop it sampled, if any)
         self.status = "ok"
         self.breaks: list[int] = []
         self.turns = 0
@@ -128,12 +124,14 @@ class Session:
         return True
 
     def _observation(self, new: list[dict], tools: list | None, tools_key: str | None, cont: bool) -> list[int]:
-        """The observation ids: the owed end-of-turn text + the continuation of ``new``, or for a new
-        sequence a full render of ``new``."""
+        """The observation ids: what the template puts after the last reply (the turn end it owes, ``new``,
+        the generation prompt), or for a new sequence a full render of ``new``."""
         tpl = self.proxy.template
+        if tools and self.proxy.tool_parser is None:
+            raise no_tool_parser()
         if cont:
-            return tpl.encode(self.owed + tpl.continuation(self.system, new, tools, tools_key))
-        return tpl.encode(tpl.render(new, tools, True))
+            return tpl.encode(tpl.after_reply(self.system, new, tools, self.last_reply))
+        return tpl.encode(tpl.render_checked(new, tools, True))
 
     def _budget(self, prompt: list[int], mark: int, sp: SamplingParams) -> tuple[SamplingParams, bool]:
         """Clip ``max_tokens`` to the context budget left: ``(sampling to run, clipped?)``. A prompt
@@ -146,7 +144,7 @@ class Session:
             self._set_status("truncated_context")
             self.errors.append(f"turn {self.turns + 1}: prompt of {n_prompt} tokens over the budget {budget}")
             raise ProxyError(400, f"context_length_exceeded: prompt is {n_prompt} tokens, "
-                                  "the context budget (proxy.context_budget) is "
+                                  f"the context budget ({self.proxy.context_budget_source}) is "
                                   f"{budget}: episode {self.episode_id} marked truncated_context",
                              "invalid_request_error", "context_length_exceeded")
         return dataclasses.replace(sp, max_tokens=min(sp.max_tokens, left)), sp.max_tokens > left
@@ -180,22 +178,29 @@ class Session:
         self.n_tokens += len(obs) + len(res.token_ids)
         self.seq.extend(res.token_ids)
         self.owed = self.proxy.template.owed_turn_end(res.token_ids)
+        self.last_reply = list(res.token_ids[-1:])
         if res.finish_reason == "length" and clipped:
             self._set_status("truncated_context")
 
     def _reply(self, res: GenerateResult, sp: SamplingParams, tools: list | None) -> dict:
-        """The assistant message: the text (cut at the stop string); with ``tools``, Hermes tool calls."""
+        """The assistant message: the text (cut at the stop string), its reasoning split out by
+        ``proxy.reasoning_parser``; with ``tools``, the calls ``proxy.tool_parser`` reads (harness.proxy.parsers)."""
         tpl = self.proxy.template
         reply_ids = res.token_ids[:-1] if res.token_ids and res.token_ids[-1] in tpl.eos_ids else res.token_ids
         text = tpl.decode(reply_ids)
         if res.stop_str is not None and (hit := find_stop(text, sp.stop)) is not None:
             text = text[:hit[0]]
+        reasoning = None
+        if self.proxy.reasoning_parser:
+            reasoning, text = REASONING_PARSERS[self.proxy.reasoning_parser](text)
         content, calls = text, None
         if tools:
-            content, calls = parse_tool_calls(text)
-            if calls is None and "<tool_call>" in text:
+            content, calls, attempted = TOOL_PARSERS[self.proxy.tool_parser](text, tools)
+            if calls is None and attempted:
                 self.tool_parse_errors += 1
         message = {"role": "assistant", "content": content}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         if calls:
             message["tool_calls"] = calls
         return message
@@ -207,7 +212,7 @@ class Session:
         self.history.extend(("client", m) for m in messages[seen:])
         self.final.extend(new)
         self.history.append(("produced", tuple(c["id"] for c in message.get("tool_calls") or ())))
-        self.final.append(message)
+        self.final.append(normalize_message(message, len(self.final)))  # as a client resends it: text, no reasoning
 
     def _response(self, message: dict, res: GenerateResult, n_prompt: int) -> dict:
         """The OpenAI chat-completion object; its id is recorded in the trace's ``completion_ids``."""

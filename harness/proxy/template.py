@@ -1,40 +1,83 @@
 """The tokenizer's chat template as the proxy uses it, and the drift check.
 
-``ChatTemplate`` renders full prompts, the continuation after an assistant turn and the end-of-turn text
-a reply owes. ``drift_report`` compares the session's token sequence with a full re-render of the final
-message list (what a naive harness would train on). They can differ: re-dumped tool arguments, stripped
-whitespace, dropped reasoning, tokens merged differently across a boundary. The report says where and
-how much, as a metric (``metadata["drift"]``), never an error.
+``ChatTemplate`` renders full prompts and the observation that follows an assistant turn. The model
+always sees its own sampled tokens: past replies are never re-rendered. After a reply, the new messages
+(tool results, user turns) and the generation prompt are rendered *anchored on the end of that reply*:
+
+    full = render([system?, user ".", assistant PROBE] + new, add_generation_prompt=True)
+    after = full[full.index(PROBE) + len(PROBE):]       # the turn end + new messages + generation prompt
+
+``after`` is what the template puts after an assistant's content when ``new`` follows it, whatever the
+template does before or inside earlier turns (Qwen3's think blocks in the last turn, reasoning it strips
+from old turns, tools in the first user turn): only the end of the previous turn is compared, never a
+prefix of a dummy conversation. Consecutive tool messages come out grouped exactly as the template
+groups them. If the reply ended with a stop token that ``after`` begins with (``<|im_end|>``,
+``<|eot_id|>``, GLM's ``<|observation|>``), that token is already in the sequence and is not repeated.
+
+A template that drops or rewrites an assistant turn's content once another message follows cannot be
+anchored: ``check_continuable`` says so when the proxy starts (``TemplateError``, naming the feature and
+what to do), and a request the template refuses to render is a 400 ``template_error``, never a 500.
+
+``drift_report`` compares the session's token sequence with a full re-render of the final message list
+(what a naive harness would train on). They differ for templates that strip history (old reasoning),
+re-dumped tool arguments, whitespace, tokens merged across a boundary. The report says where and how
+much, as a metric (``metadata["drift"]``), never an error.
 """
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
-from harness.proxy.messages import ProxyError
+from core.errors import UserError
+from harness.proxy.messages import ProxyError, for_template
+
+
+class TemplateError(UserError):
+    """A chat template the proxy cannot continue token-exactly (raised when the proxy starts)."""
+
+
+def stop_token_ids(tokenizer) -> set[int]:
+    """The ids that end a reply: the model directory's ``generation_config.json`` ``eos_token_id``
+    (one or a list, as the engines read it) and the tokenizer's EOS."""
+    ids = [tokenizer.eos_token_id]
+    path = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    if (path / "generation_config.json").is_file():
+        from transformers import GenerationConfig  # lazy: transformers is heavy
+
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        ids += eos if isinstance(eos, list) else [eos]
+    return {int(i) for i in ids if i is not None}
 
 
 class ChatTemplate:
-    """The tokenizer's chat template, and the two pieces the proxy derives from it."""
+    """The tokenizer's chat template (or ``chat_template``, a Jinja text) with ``kwargs`` passed to every
+    render (e.g. ``enable_thinking``), and what the proxy derives from it."""
 
     PROBE = "\u2063sao-probe\u2063"
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, chat_template: str | None = None, kwargs: dict | None = None,
+                 eos_ids: set[int] | None = None):
         self.tok = tokenizer
+        self.source = chat_template or tokenizer.chat_template or ""
+        self.chat_template = chat_template
+        self.kwargs = dict(kwargs or {})
         self._lock = threading.Lock()  # sessions run in several threads; a fast tokenizer may not be re-entrant
         probe = self.render([{"role": "user", "content": "u"}, {"role": "assistant", "content": self.PROBE}],
                             None, False)
         if self.PROBE not in probe:
-            raise ValueError("chat template does not render assistant content verbatim")
-        self.turn_end = probe[probe.index(self.PROBE) + len(self.PROBE):]  # e.g. "<|im_end|>\n"
-        self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-        self.eos_text = tokenizer.eos_token or ""
-        self._base_cache: dict[tuple, str] = {}
+            raise TemplateError("chat template does not render an assistant turn's content verbatim: the proxy "
+                                "cannot place the model's own tokens in it; use a template that does "
+                                "(proxy.chat_template)")
+        self.turn_end = probe[probe.index(self.PROBE) + len(self.PROBE):]  # e.g. "<|im_end|>\n"; GLM: ""
+        self.eos_ids = stop_token_ids(tokenizer) if eos_ids is None else set(eos_ids)
+        self._stop_text = {i: tokenizer.convert_ids_to_tokens(i) for i in self.eos_ids}
 
     def render(self, messages: list[dict], tools: list | None, add_generation_prompt: bool) -> str:
         with self._lock:
-            return self.tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                add_generation_prompt=add_generation_prompt)
+            return self.tok.apply_chat_template(for_template(messages), tools=tools or None, tokenize=False,
+                                                add_generation_prompt=add_generation_prompt,
+                                                chat_template=self.chat_template, **self.kwargs)
 
     def encode(self, text: str) -> list[int]:
         with self._lock:
@@ -44,34 +87,56 @@ class ChatTemplate:
         with self._lock:
             return self.tok.decode(ids, skip_special_tokens=False)
 
+    def sampled_stop(self, reply_ids: list[int]) -> str:
+        """The text of the stop token that ended ``reply_ids`` ("" if it ended otherwise)."""
+        return self._stop_text.get(reply_ids[-1], "") if reply_ids else ""
+
     def owed_turn_end(self, reply_ids: list[int]) -> str:
         """The end-of-turn text the template puts after a reply that was sampled as ``reply_ids``:
-        all of ``turn_end`` (e.g. ``<|im_end|>\\n`` after a stop string), or only what follows a sampled EOS."""
-        if reply_ids and reply_ids[-1] in self.eos_ids and self.eos_text and self.turn_end.startswith(self.eos_text):
-            return self.turn_end[len(self.eos_text):]
-        return self.turn_end
+        all of ``turn_end`` (e.g. ``<|im_end|>\\n`` after a stop string), or only what follows a sampled stop."""
+        return self.turn_end.removeprefix(self.sampled_stop(reply_ids))
 
-    def continuation(self, system: dict | None, new: list[dict], tools: list | None, tools_key: str | None) -> str:
-        """The text of ``new`` messages + generation prompt, rendered after an assistant turn.
+    def after_reply(self, system: dict | None, new: list[dict], tools: list | None, reply_ids: list[int]) -> str:
+        """The observation text after a reply sampled as ``reply_ids``: the turn end it still owes, ``new``
+        as the template renders them after an assistant turn, and the generation prompt (see the module)."""
+        base = ([system] if system else []) + [{"role": "user", "content": "."},
+                                               {"role": "assistant", "content": self.PROBE}]
+        full = self.render_checked(base + new, tools, True)
+        at = full.find(self.PROBE)
+        if at < 0 or full.count(self.PROBE) != 1:
+            raise ProxyError(400, "the chat template drops or rewrites an assistant turn's content when "
+                             f"{new[0]['role']!r} messages follow it, so the model's own tokens cannot be kept; "
+                             "use a template that renders past assistant content verbatim (proxy.chat_template)",
+                             "invalid_request_error", "template_error")
+        return full[at + len(self.PROBE):].removeprefix(self.sampled_stop(reply_ids))
 
-        Renders ``base`` = [system?, user, assistant] with and without ``new`` and takes the suffix:
-        the template's grouping (consecutive tool results in one turn) and role headers come out as in
-        a full render, at a cost independent of the episode's length.
-        """
-        base = ([system] if system else []) + [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
-        key = (system["content"] if system else None, tools_key)
-        head = self._base_cache.get(key)
-        if head is None:
-            head = self.render(base, tools, False)
-            with self._lock:
-                if len(self._base_cache) >= 64:
-                    self._base_cache.clear()
-                self._base_cache[key] = head
-        full = self.render(base + new, tools, True)
-        if not full.startswith(head):
-            raise ProxyError(500, "the chat template does not render new messages as an append-only continuation",
-                             "server_error", "template_not_append_only")
-        return full[len(head):]
+    def render_checked(self, messages: list[dict], tools: list | None, add_generation_prompt: bool) -> str:
+        """``render``; a template that refuses the messages (``raise_exception``, a bad role) -> a 400."""
+        try:
+            return self.render(messages, tools, add_generation_prompt)
+        except Exception as e:  # jinja2's TemplateError, or whatever the template's Python raises
+            raise ProxyError(400, f"the chat template cannot render these messages: {type(e).__name__}: {e}",
+                             "invalid_request_error", "template_error") from None
+
+    def check_continuable(self, tools: list | None = None) -> None:
+        """Raise ``TemplateError`` unless the template can be continued after an assistant turn by one
+        tool result, two consecutive ones, and a user turn (what an agent episode sends)."""
+        def result(i: int) -> dict:
+            return {"role": "tool", "tool_call_id": f"call_{i}", "content": f"result {i}"}
+
+        cases = {"a tool result": [result(1)], "two consecutive tool results": [result(1), result(2)],
+                 "a user turn": [{"role": "user", "content": "result 1"}]}
+        for what, new in cases.items():
+            try:
+                after = self.after_reply(None, new, tools, [])
+            except ProxyError as e:
+                raise TemplateError(f"chat template cannot be continued after an assistant turn by {what}: "
+                                    f"{e.message}") from None
+            missing = [m["content"] for m in new if m["content"] not in after]
+            if missing:
+                raise TemplateError(f"chat template cannot be continued after an assistant turn by {what}: the "
+                                    f"message text {missing[0]!r} does not appear after the turn; use a template "
+                                    "that renders new messages after the last assistant turn (proxy.chat_template)")
 
 
 def drift_report(template: ChatTemplate, proxy_ids: list[int], messages: list[dict], tools: list | None = None,
@@ -103,3 +168,20 @@ def drift_report(template: ChatTemplate, proxy_ids: list[int], messages: list[di
         report["proxy_snippet"] = template.decode(a[lo:prefix + context])
         report["render_snippet"] = template.decode(b[lo:prefix + context])
     return report
+
+
+def template_from_config(tokenizer, proxy_cfg) -> ChatTemplate:
+    """The proxy's ``ChatTemplate``: ``proxy.chat_template`` (a file) or the tokenizer's, rendered with
+    ``proxy.chat_template_kwargs``, checked to be continuable (``TemplateError`` otherwise)."""
+    text = None
+    if proxy_cfg.chat_template is not None:
+        path = Path(proxy_cfg.chat_template)
+        if not path.is_file():
+            raise UserError(f"proxy.chat_template: {path} is not a file")
+        text = path.read_text(encoding="utf-8")
+    elif not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template: set "
+                        "proxy.chat_template to a Jinja file")
+    template = ChatTemplate(tokenizer, text, proxy_cfg.chat_template_kwargs)
+    template.check_continuable()
+    return template

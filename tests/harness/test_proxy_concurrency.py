@@ -1,14 +1,18 @@
-"""Several episodes at once through the hf engine: correct, separate traces."""
+"""Several episodes at once: correct, separate traces (hf engine), and as many turns in flight as
+rollout workers (a sleeping engine)."""
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
 from openai import OpenAI
+from transformers import AutoTokenizer
 
 from harness.engines.hf import HFEngine
 from harness.proxy import ProxyServer
 from harness.tiny_model import ensure_tiny_model
 from sao.config import load_config
+from trainer.simulated import SleepEngine
 
 REPO = Path(__file__).resolve().parents[2]
 EPISODES = 4
@@ -57,3 +61,63 @@ def test_concurrent_episodes_give_separate_exact_traces(server):
         assert [s.kind for s in b.segments] == ["observation", "action"] * TURNS
         assert b.token_ids == a.token_ids  # same seeds: the same episode, batched or alone
         assert b.logp_rollout == pytest.approx(a.logp_rollout, abs=1e-4)
+
+
+class InFlight(SleepEngine):
+    """SleepEngine that counts the generate calls running at once (``peak``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.running = self.peak = 0
+        self._count = threading.Lock()
+
+    def generate(self, prompt_ids, sampling, timeout=None):
+        with self._count:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        try:
+            return super().generate(prompt_ids, sampling, timeout)
+        finally:
+            with self._count:
+                self.running -= 1
+
+
+def peak_turns_in_flight(workers: int, episodes: int, turn_s: float = 1.0) -> int:
+    """``episodes`` concurrent one-turn episodes (one HTTP connection each) through a proxy configured for
+    ``rollout.workers=workers`` in front of an engine that sleeps ``turn_s`` per call: the most engine
+    calls in flight at once."""
+    cfg = load_config(None, [f"model.cache_dir={REPO / '.cache' / 'sao'}", f"rollout.workers={workers}"])
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model(cfg.model.cache_dir, 0))
+    engine = InFlight(turn_s, len(tok), tok.convert_tokens_to_ids("<|im_end|>"))
+    proxy = ProxyServer(engine, tok, cfg, model_name="tiny")
+    url = proxy.start() + "/chat/completions"
+    codes: list[int] = []
+    client = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=episodes))  # one connection each
+    ready = threading.Barrier(episodes)
+
+    def one(i: int) -> None:
+        ready.wait(timeout=60)  # the requests go out together
+        r = client.post(url, headers={"X-Episode-Id": f"ep-{i}"},
+                        json={"messages": [{"role": "user", "content": f"task {i}"}], "max_tokens": 4})
+        codes.append(r.status_code)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(episodes)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        client.close()
+        proxy.stop()
+    assert codes == [200] * episodes and engine.calls == episodes
+    return engine.peak
+
+
+def test_turns_in_flight_follow_rollout_workers():
+    """64 workers (the flagship config): all 64 episodes' turns are in the engine at once (anyio's
+    default 40-thread pool, which served them before, capped this at 40); fewer workers than the
+    floor keep its 40 threads; more episodes than workers wait for a thread (bounded, not unbounded)."""
+    assert peak_turns_in_flight(workers=64, episodes=64) == 64
+    assert peak_turns_in_flight(workers=2, episodes=48, turn_s=0.5) == 40
+    assert peak_turns_in_flight(workers=50, episodes=64, turn_s=0.5) == 50

@@ -1,6 +1,8 @@
-"""The proxy's guards: the request size limit (413), the bearer token (401), the bind rule, and the
-episode clients (the OpenHands agent, the simulated environment) sending the token. Loopback only."""
+"""The proxy's guards: the request size limit (413), the bearer token (401), the bind rule, the
+episode clients (the OpenHands agent, the simulated environment) sending the token, and the context
+budget capped at the model's length. Loopback only."""
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -15,8 +17,10 @@ from transformers import AutoTokenizer
 
 from core.errors import UserError
 from harness.agent import AgentSettings, run_agent
+from harness.config import context_budget
 from harness.engines.scripted import ScriptedEngine
 from harness.episode import EpisodeContext
+from harness.episode import _status as episode_status
 from harness.proxy import ProxyServer, check_loopback
 from harness.tiny_model import ensure_tiny_model
 from sao.config import load_config
@@ -177,3 +181,70 @@ def test_the_simulated_episode_sends_the_token(serve):
     traj = chat_episode(task, ctx, "ep-sim", list(USER), 2, lambda turn: f"observation {turn}",
                         lambda traj: 1.0, "simulated")
     assert traj.status == "ok" and traj.turns == 2 and "infra_error" not in traj.metadata, traj.metadata
+
+
+# --- the context budget: proxy.context_budget, capped at the model's length -----------------------
+
+def short_model(tmp_path, max_len: int) -> Path:
+    """A model directory whose config is the tiny model's with ``max_position_embeddings = max_len``."""
+    config = json.loads((ensure_tiny_model(CACHE, 0) / "config.json").read_text())
+    out = tmp_path / f"model-{max_len}"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(config | {"max_position_embeddings": max_len}))
+    return out
+
+
+def test_the_context_budget_is_the_smaller_of_the_config_and_the_models_length(tmp_path, tok, caplog):
+    def budget(*overrides):
+        return context_budget(load_config(None, [f"model.cache_dir={CACHE}", *overrides]))
+
+    tiny = budget()
+    assert (tiny.tokens, tiny.source, tiny.model_max, tiny.warning) == (131_072, "proxy.context_budget", 262_144, None)
+    assert budget("proxy.context_budget=300000").tokens == 262_144  # the tiny model's max_position_embeddings
+    short = short_model(tmp_path, 64)
+    b = budget(f"model.path={short}")
+    assert (b.tokens, b.source) == (64, f"max_position_embeddings of {short}")
+    assert budget(f"model.path={short}", "proxy.context_budget=16").tokens == 16
+    b = budget(f"model.path={short}", "engine.max_model_len=32")  # what the engine serves wins over the config
+    assert (b.tokens, b.source) == (32, "engine.max_model_len")
+    missing = budget("model.path=nobody/not-a-cached-model")  # unreadable: the configured budget, and why
+    assert (missing.tokens, missing.source, missing.model_max) == (131_072, "proxy.context_budget", None)
+    assert "'nobody/not-a-cached-model' could not be read" in missing.warning
+    assert "could not be read" in missing.describe()
+    cfg = load_config(None, [f"model.cache_dir={CACHE}", "model.path=nobody/not-a-cached-model"])
+    with caplog.at_level(logging.WARNING, logger="harness.proxy.server"):
+        proxy = ProxyServer(ScriptedEngine(tok), tok, cfg)  # the proxy says so too
+    assert proxy.context_budget == 131_072 and "not-a-cached-model' could not be read" in caplog.text
+
+
+def test_a_prompt_over_the_models_length_ends_truncated_context_and_is_rewarded(serve, tmp_path):
+    """proxy.context_budget (131072) is far above the model's length (200): the proxy enforces the
+    model's. A turn whose prompt passes it is a 400 context_length_exceeded naming the limit; the
+    episode ends truncated_context and is rewarded like any other end, never an infra_error (before,
+    the prompt went to the engine, past the model's positions)."""
+    proxy, engine, url, cfg = serve(f"model.path={short_model(tmp_path, 200)}", replies=["ok"] * 4)
+    assert proxy.context_budget == 200 and cfg.proxy.context_budget == 131_072
+    long_prompt = [{"role": "user", "content": "word " * 300}]
+    r = httpx.post(url + "/chat/completions", headers={"X-Episode-Id": "long"}, json={"messages": long_prompt},
+                   timeout=30)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "context_length_exceeded", r.text
+    assert "max_position_embeddings" in error["message"] and "is 200" in error["message"]
+    assert engine.calls == 0 and proxy.close_episode("long").status == "truncated_context"
+
+    ctx = EpisodeContext(cfg=cfg, proxy=proxy, run_id="run-ctx")
+    traj = chat_episode(SimpleNamespace(instance_id="t-ctx"), ctx, "ep-ctx", list(USER), 3,
+                        lambda turn: "observation " * 300, lambda traj: 1.0, "simulated")
+    assert (traj.status, traj.reward, traj.turns) == ("truncated_context", 1.0, 1), traj.metadata
+    assert "infra_error" not in traj.metadata and "over the budget 200" in traj.metadata["errors"][0]
+
+
+def test_the_agent_over_the_models_length_ends_truncated_context(serve, tmp_path):
+    """The OpenHands agent's first prompt (its system prompt and tools) is longer than a 512-token
+    model: the agent ends truncated_context, and the episode's status (what grading follows) too."""
+    proxy, _, url, cfg = serve(f"model.path={short_model(tmp_path, 512)}", "sampling.max_tokens=256")
+    r = run_agent(None, base_url=url, instruction="Say done.", episode_id="ep-short", task_id="t-short",
+                  settings=AgentSettings.from_config(cfg), tools=NoTools())
+    assert r.status == "truncated_context" and "context_length_exceeded" in (r.error or ""), r
+    traj = proxy.close_episode("ep-short")
+    assert traj.status == "truncated_context" and episode_status(r, traj, None) == "truncated_context"

@@ -1,10 +1,13 @@
 """Config: typed, validated, one-line errors naming the key or path, exit code 2 before any work."""
+import json
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from core.config import Section
+from sao.cli import main
 from sao.config import Config, ConfigError, config_keys, config_table, load_config
 
 
@@ -118,3 +121,19 @@ def test_config_markdown_rows():
     assert "| `trainer.lr` | `1e-06` | policy AdamW learning rate [paper] |" in table
     assert any(row.startswith("| `engine.max_model_len` | `null` |") for row in table)
     assert any(row.startswith("| `sandbox.cap_add` | `[]` |") for row in table)
+
+
+def test_sao_config_prints_the_context_budget_in_force(tiny_model_dir, tmp_path, capsys):
+    """After the YAML, a comment: the budget the proxy will enforce and where it comes from (here the
+    model's max_position_embeddings, below proxy.context_budget); the output stays a config file."""
+    model = tmp_path / "short-model"
+    model.mkdir()
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 64}))
+    assert main(["config", f"model.path={model}"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith(f"\n# context budget 64 tokens (from max_position_embeddings of {model})\n")
+    assert yaml.safe_load(out)["model"]["path"] == str(model)
+    assert main(["config", "proxy.context_budget=1000"]) == 0
+    assert capsys.readouterr().out.endswith("# context budget 1000 tokens (from proxy.context_budget; the model "
+                                            "allows 262144)\n")

@@ -40,6 +40,13 @@ def synthetic_trajectories(n=8, seed=0, version=0):
     return out
 
 
+def trajectory_with_break(traj_id="broken", reward=1.0, version=0) -> Trajectory:
+    """Two turns, the second on a new token sequence (the client rewrote its history): a break at token 7."""
+    return Trajectory(task_id="task0", traj_id=traj_id, reward=reward, turns=2, breaks=[7], segments=[
+        Segment("observation", [11, 12, 13, 14]), Segment("action", [15, 16, 17], [-6.0] * 3, [version] * 3),
+        Segment("observation", [11, 12, 13, 21, 22]), Segment("action", [23, 24], [-6.0] * 2, [version] * 2)])
+
+
 def make_trainer(**overrides):
     policy = tiny_policy()
     config = TrainerConfig(**({"lr": 1e-3, "critic_lr": 1e-2, "critic_warmup_steps": 0, "micro_batch_tokens": 96}

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from tests.support.trainer_data import synthetic_trajectories, tiny_policy
+from tests.support.trainer_data import synthetic_trajectories, tiny_policy, trajectory_with_break
 from trainer import distributed
 from trainer.checkpoint import latest_checkpoint, read_state
 from trainer.config import TrainerConfig
@@ -31,8 +31,8 @@ CONFIG = {"lr": 1e-3, "critic_lr": 1e-3, "critic_warmup_steps": 0, "micro_batch_
 UPDATES = 2
 
 
-def batches():
-    return [synthetic_trajectories(10, seed=s) for s in range(UPDATES)]
+def batches():  # each with a trajectory with a history break: skipped and counted on every rank alike
+    return [synthetic_trajectories(10, seed=s) + [trajectory_with_break()] for s in range(UPDATES)]
 
 
 def build() -> SAOTrainer:
@@ -89,10 +89,12 @@ def test_two_gloo_ranks_give_the_single_process_update(runs):
     assert max_relative_error(right["critic"], ref.critic.state_dict()) < 1e-5
     start = build()  # the updates moved the weights well beyond the tolerance
     assert max_relative_error(start.policy.state_dict(), ref.policy.state_dict()) > 1e-3
+    assert [m["rollout/break_frac"] for m in right["metrics"]] == [1 / 11] * UPDATES
     for mine, theirs in zip(right["metrics"], runs["ref_metrics"]):  # summed / token-weighted: the whole batch's
         for key in theirs:
             name = key.rsplit("/", 1)[-1]  # micro-batches: each rank groups its own rows
-            if name in distributed.SUMMED + distributed.TOKEN_MEANS + ("policy_version",) and name != "micro_batches":
+            if name in distributed.SUMMED + distributed.TOKEN_MEANS + ("policy_version", "break_frac") \
+                    and name != "micro_batches":
                 assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
 
 

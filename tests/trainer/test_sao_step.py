@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.trace import Segment, Trajectory
-from tests.support.trainer_data import make_trainer, synthetic_trajectories  # noqa: E402
+from tests.support.trainer_data import make_trainer, synthetic_trajectories, trajectory_with_break  # noqa: E402
 from trainer.batch import build_batch, micro_batches
 from trainer.config import TrainerConfig
 from trainer.gae import gae_reference
@@ -187,6 +187,21 @@ def test_empty_and_observation_only_trajectories_train_nothing_and_break_nothing
     m = trainer.update(synthetic_trajectories(3) + [empty, observation_only])
     assert m["rollout/trajectories"] == 5.0 and all(math.isfinite(v) for v in m.values())
     assert m["rollout/action_tokens"] == float(sum(t.num_action_tokens for t in synthetic_trajectories(3)))
+
+
+def test_a_trajectory_with_breaks_is_skipped_and_counted_never_one_row():
+    """Breaks never crash an update (before: build_batch raised and `sao train` died): the trajectory
+    is left out, counted in rollout/break_frac, and the rest trains as without it."""
+    good = synthetic_trajectories(3)
+    reference = make_trainer().update(copy.deepcopy(good))
+    trainer = make_trainer()
+    m = trainer.update(good + [trajectory_with_break()])
+    assert (m["rollout/trajectories_in"], m["rollout/trajectories"], m["rollout/break_frac"]) == (4.0, 3.0, 0.25)
+    assert m["rollout/action_tokens"] == float(sum(t.num_action_tokens for t in good))
+    assert m["loss/policy_loss"] == pytest.approx(reference["loss/policy_loss"])
+    assert reference["rollout/break_frac"] == 0.0 and m["policy/trained"] == 1.0
+    only = trainer.update([trajectory_with_break(version=1)])
+    assert (only["policy/skipped_update"], only["rollout/break_frac"], trainer.policy_version) == (1.0, 1.0, 1)
 
 
 SWITCHES = [

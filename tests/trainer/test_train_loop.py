@@ -296,3 +296,23 @@ def test_max_minutes_stops_the_loop_and_saves_the_last_step(ray_address, project
     assert summary["wall_s"] >= 6.0
     last = latest_checkpoint(cfg.run.dir)
     assert last is not None and read_state(last)["step"] == summary["steps"]
+
+
+def test_a_trajectory_with_breaks_neither_kills_the_run_nor_comes_back(ray_address, project_root, tmp_path):
+    """A rewarded trajectory with a history break first in the stream (before: build_batch raised,
+    `sao train` died, and a resume read it again): the step skips it and logs rollout/break_frac,
+    the checkpoint consumes it (a resume never reads it again), and it is not counted as trained."""
+    from trainer.loop import train
+
+    cfg = sim_cfg(tmp_path, "breaks", project_root, "trainer.max_steps=1", "trainer.batch_size=2",
+                  "rollout.workers=1", "trainer.sim_engine_s=0.01")
+    broken = Trajectory(task_id="t", traj_id="broken", status="ok", reward=1.0, turns=2, breaks=[5], segments=[
+        Segment("observation", [1, 2, 3]), Segment("action", [4, 5], [-1.0] * 2, [0] * 2),
+        Segment("observation", [1, 2, 6]), Segment("action", [7], [-1.0], [0])])
+    TraceStore(cfg.run.dir).write([broken])
+    summary = train(cfg, log=lambda m: None)
+    assert summary["steps"] == 1
+    (record,) = read_metrics(cfg.run.dir)
+    assert (record["rollout/break_frac"], record["rollout/trajectories"]) == (0.5, 1.0)
+    state = read_state(latest_checkpoint(cfg.run.dir))
+    assert state["consumed"][0] == "broken" and state["counters"]["trained"] == 1
