@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
+import secrets
+import string
 from collections.abc import Callable
 from typing import Any
 
@@ -37,9 +38,14 @@ _GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>"
 ParseResult = tuple[str | None, list[dict] | None, bool]
 
 
+_ID_CHARS = string.ascii_letters + string.digits
+
+
 def _call(name: str, arguments: dict | str) -> dict:
+    """An OpenAI tool call; its id is 9 random alphanumerics (the form Mistral's templates require)."""
     args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
+    call_id = "".join(secrets.choice(_ID_CHARS) for _ in range(9))
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
 def _valid(name: Any, arguments: Any) -> bool:

@@ -54,6 +54,7 @@ class Session:
         self.system: dict | None = None
         self.owed = ""  # end-of-turn text the last reply still owes (for the drift report)
         self.last_reply: list[int] = []  # the last reply's final token (the stop it sampled, if any)
+        self.last_calls: list[tuple[str, str]] = []  # the last reply's tool calls (id, name)
         self.status = "ok"
         self.breaks: list[int] = []
         self.turns = 0
@@ -130,7 +131,7 @@ class Session:
         if tools and self.proxy.tool_parser is None:
             raise no_tool_parser()
         if cont:
-            return tpl.encode(tpl.after_reply(self.system, new, tools, self.last_reply))
+            return tpl.encode(tpl.after_reply(self.system, new, tools, self.last_reply, self.last_calls))
         return tpl.encode(tpl.render_checked(new, tools, True))
 
     def _budget(self, prompt: list[int], mark: int, sp: SamplingParams) -> tuple[SamplingParams, bool]:
@@ -212,6 +213,7 @@ class Session:
         self.history.extend(("client", m) for m in messages[seen:])
         self.final.extend(new)
         self.history.append(("produced", tuple(c["id"] for c in message.get("tool_calls") or ())))
+        self.last_calls = [(c["id"], c["function"]["name"]) for c in message.get("tool_calls") or ()]
         self.final.append(normalize_message(message, len(self.final)))  # as a client resends it: text, no reasoning
 
     def _response(self, message: dict, res: GenerateResult, n_prompt: int) -> dict:
