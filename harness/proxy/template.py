@@ -12,13 +12,14 @@ a probe assistant turn whose content is a per-template random marker P:
 template does before or inside earlier turns (Qwen3's think blocks in the last turn, reasoning it strips
 from old turns, tools in the first user turn): only the end of the previous turn is compared, never a
 prefix of a dummy conversation. Consecutive tool messages come out grouped exactly as the template
-groups them. Templates that render a tool result only after an assistant turn with tool calls (gpt-oss,
-MiniMax: the result's header names the call) get a probe with the reply's calls (their ids and names,
-arguments ``{}``): the observation then starts at the last stop token (``<|call|>``, ``<|im_end|>``; or the
-text that ends a plain turn) of the turn end that the probe rendered alone and followed by ``new`` share. If the reply ended with a stop
-token that ``after`` begins with (``<|im_end|>``, ``<|eot_id|>``, GLM's ``<|observation|>``), that token
-is already in the sequence and is not repeated. Tool-call arguments go to the template as objects (as
-vLLM passes them); a template that only concatenates strings (DeepSeek-V3.1) gets them as JSON text.
+groups them. Templates that render a tool result only after an assistant turn with tool calls
+(gpt-oss, MiniMax: the result's header names the call) get a probe with the reply's calls (their ids
+and names, arguments ``{}``): the observation then starts at the last stop token (``<|call|>``,
+``<|im_end|>``; or the text that ends a plain turn) of the turn end that the probe rendered alone and
+followed by ``new`` share. If the reply ended with a stop token that ``after`` begins with
+(``<|im_end|>``, ``<|eot_id|>``, GLM's ``<|observation|>``), that token is already in the sequence and
+is not repeated. Tool-call arguments go to the template as objects (as vLLM passes them); a template
+that only concatenates strings (DeepSeek-V3.1) gets them as JSON text.
 
 A template that drops or rewrites an assistant turn's content once another message follows cannot be
 anchored: ``check_continuable`` says so when the proxy starts (``TemplateError``, naming the feature and
@@ -39,7 +40,6 @@ from typing import Any
 
 from core.errors import UserError
 from harness.proxy.messages import ProxyError, for_template
-
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a call's name as the probe may carry it
 
