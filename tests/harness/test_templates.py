@@ -289,3 +289,33 @@ def test_openhands_expert_episode_resolves_with_the_qwen3_template(docker_engine
     assert traj.status == "ok" and traj.reward == 1.0 and traj.breaks == [] and traj.metadata["errors"] == []
     actions = [tok.decode(seg.token_ids) for seg in traj.segments if seg.kind == "action"]
     assert len(actions) >= 2 and all(a.startswith("<think>\nStep: ") for a in actions)
+
+
+def test_a_request_the_template_refuses_is_a_400_not_a_500(tmp_path):
+    """A template's raise_exception on a message (e.g. a role it does not allow) answers 400 template_error."""
+    tok = AutoTokenizer.from_pretrained(FAMILIES["qwen2.5"].model_dir())
+    strict = (TEMPLATES / "qwen2.5.jinja").read_text().replace(
+        "{%- for message in messages %}",
+        "{%- for message in messages %}{%- if 'FORBIDDEN' in message.content %}"
+        "{{- raise_exception('this model does not take that message') }}{%- endif %}", 1)
+    (tmp_path / "strict.jinja").write_text(strict)
+    cfg = load_config(None, [f"proxy.chat_template={tmp_path / 'strict.jinja'}"])
+    proxy = ProxyServer(ScriptedEngine(tok, ["ok"]), tok, cfg)
+    url = proxy.start()
+    try:
+        r = httpx.post(url + "/chat/completions", json={"messages": [USER, {"role": "user", "content": "FORBIDDEN"}]},
+                       timeout=30)
+    finally:
+        proxy.stop()
+    assert r.status_code == 400 and r.json()["error"]["code"] == "template_error"
+    assert "this model does not take that message" in r.json()["error"]["message"]
+
+
+def test_chat_template_kwargs_reach_every_render():
+    """Qwen3 hybrid with enable_thinking false: the generation prompt carries the empty think block."""
+    tok = AutoTokenizer.from_pretrained(FAMILIES["qwen3"].model_dir())
+    cfg = load_config(None, ["proxy.chat_template_kwargs={enable_thinking: false}"])
+    proxy = ProxyServer(ScriptedEngine(tok, []), tok, cfg)
+    after = proxy.template.after_reply(None, [{"role": "user", "content": "go on"}], None, [])
+    assert after.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert proxy.template.render([USER], None, True).endswith("<think>\n\n</think>\n\n")
