@@ -40,6 +40,7 @@ from tasks.loaders import (
     load_tasks_lenient,
     resolve_task_repo,
 )
+from tasks.preflight import preflight
 
 FINGERPRINT = ("model_path", "dataset", "split", "sampling", "max_iterations", "context_budget", "guard")
 
@@ -61,7 +62,7 @@ def is_hub_id(dataset: str) -> bool:
     return resolve_task_repo(dataset) is None and not is_local(dataset) and dataset.count("/") == 1
 
 
-def select_tasks(cfg, instances: list[str] | None):
+def select_tasks(cfg, instances: list[str] | None, log=print):
     """The eval's tasks, in dataset order; fails fast (before any episode) on what cannot work."""
     ds = cfg.eval.dataset
     if is_hub_id(ds) and not _offline_flag():
@@ -73,16 +74,9 @@ def select_tasks(cfg, instances: list[str] | None):
                 "on local tasks: eval.dataset=bundled, a swebench task repo, or a local swebench 5.x .jsonl/.parquet "
                 "whose images are built locally")
     tasks, errors = load_tasks_lenient(ds, split=cfg.eval.split, adapter="auto", instances=instances or None)
-    if errors:
-        raise UserError(f"eval.dataset {ds}: {len(errors)} row(s) do not validate, e.g. {errors[0]}")
-    if not tasks:
+    if not tasks and not errors:
         raise UserError(f"eval.dataset {ds} (split {cfg.eval.split}): no tasks")
-    bad = [t for t in tasks if not t.gradable]
-    if bad:
-        t = bad[0]
-        raise UserError(f"eval.dataset {ds}: {len(bad)} task(s) not gradable here, e.g. {t.instance_id}: "
-                        + "; ".join(t.grading_gaps() + t.notes))
-    return tasks
+    return preflight(cfg, tasks, errors, source=ds, pull=True, log=log)  # gradable, image there or pullable
 
 
 def eval_run_config(cfg, *, name: str, model_path: str, instances: list[str]):
@@ -137,7 +131,7 @@ def run_eval(cfg, *, instances: list[str] | None = None, gold: bool | None = Non
     t0 = time.monotonic()
     # 1. the policy, the tasks, the eval directory (refused if evaluated with other settings)
     policy = resolve_policy(cfg)
-    tasks = select_tasks(cfg, list(instances or cfg.eval.instances or []))
+    tasks = select_tasks(cfg, list(instances or cfg.eval.instances or []), log=log)
     name = eval_name(cfg, policy)
     run_cfg = eval_run_config(cfg, name=name, model_path=policy.model_path, instances=[t.instance_id for t in tasks])
     paths = EvalPaths(Path(run_cfg.run.dir))

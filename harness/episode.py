@@ -67,6 +67,8 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
         t0 = time.monotonic()
         with Sandbox(task.image, cfg.sandbox, run_id=ctx.run_id, labels={"sao-harness.task": task.instance_id}) as sb:
             timings["sandbox_start_s"] = time.monotonic() - t0
+            if task.episode_setup:  # the dataset's own start of an episode (tasks.adapters: R2E-Gym hides its tests)
+                sb.run(task.episode_setup, timeout_s=120, check=True)
             t0 = time.monotonic()
             agent_result = run_agent(
                 sb, base_url=ctx.proxy.base_url, instruction=instruction_for(task.problem_statement, task.base_commit,

@@ -28,6 +28,7 @@ from harness.tiny_model import resolve_model_path
 from harness.trace import Trajectory
 from tasks.images import prepare_task_images
 from tasks.loaders import tasks_from_config
+from tasks.preflight import preflight
 
 REWARDED = ("ok", "truncated_turns", "truncated_context")
 
@@ -102,12 +103,7 @@ def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajecto
     ``grade=False`` leaves rewards unset (``eval`` grades in bulk); ``on_trajectory(traj, shard)`` is
     called after each trajectory is stored."""
     tasks, errors = tasks_from_config(cfg)
-    for e in errors:
-        log(f"skipping a task that does not validate: {e}")
-    runnable = [t for t in tasks if t.image]
-    for t in tasks:
-        if not t.image:
-            log(f"skipping {t.instance_id}: no image ({'; '.join(t.notes) or 'the row names none'})")
+    runnable = preflight(cfg, tasks, errors, log=log)  # before the first episode: gradable, image there
     store = TraceStore(cfg.run.dir)
     store.clean_partial()
     done = completed_counts(store)

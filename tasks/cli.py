@@ -1,6 +1,7 @@
 """`sao tasks list|show|check|build`: inspect task sources, prove tasks, build task images.
 
-- ``list``  table of id, repo, difficulty, gradable here?, image present locally?
+- ``list``  table of id, repo, format (the adapter that mapped the row), difficulty, gradable here?, image
+  present locally?; then one line per task that is not gradable, naming the missing field
 - ``show ID`` the row and its problem statement.
 - ``check [--task-repo DIR] [--only ID...]`` validation, then with Docker for every task: the image
   holds no commit after the base (HEAD == base_commit, reachable commits == ancestors of base), the
@@ -85,12 +86,18 @@ def cmd_list(args) -> int:
         present = lambda img: "yes" if img and image_exists(client, img) else "no"  # noqa: E731
     except Exception:
         present = lambda img: "?"  # noqa: E731  (no engine answers)
-    rows = [[t.instance_id, t.repo, t.difficulty or "-", "yes" if t.gradable else "no", present(t.image)]
-            for t in tasks]
-    print(_table(rows, ["id", "repo", "difficulty", "gradable", "image"]))
-    print(f"{len(tasks)} task(s) from {_source(args)}" + (f", {len(errors)} invalid:" if errors else ""))
+    rows = [[t.instance_id, t.repo, t.adapter or "-", t.difficulty or "-", "yes" if t.gradable else "no",
+             present(t.image)] for t in tasks]
+    print(_table(rows, ["id", "repo", "format", "difficulty", "gradable", "image"]))
+    formats = ", ".join(sorted({t.adapter for t in tasks if t.adapter}))
+    print(f"{len(tasks)} task(s) from {_source(args)}" + (f" (format: {formats}, adapter {args.cfg.tasks.adapter})"
+                                                         if formats else "")
+          + (f", {len(errors)} invalid:" if errors else ""))
     for e in errors:
         print(f"  {e}")
+    for t in tasks:
+        if not t.gradable:
+            print(f"  {t.grading_error()}")
     return 1 if errors else 0
 
 

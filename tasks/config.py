@@ -15,7 +15,10 @@ class TasksConfig(Section):
                         "task-repo directory, a local .jsonl / .json / .parquet file or save_to_disk directory, "
                         "or a Hugging Face dataset id (e.g. SWE-bench/SWE-bench_Verified) where the hub is reachable")
     split: str = Field("test", description="dataset split")
-    adapter: Literal["auto", "swebench", "swe-gym", "swe-smith", "swe-bench-extra"] = Field(
-        "auto", description="row schema: detected (auto), or one of the training sets whose columns differ "
-        "from SWE-bench")
+    adapter: Literal["auto", "swebench", "swe-gym", "swe-smith", "r2e-gym", "swe-rebench", "swe-bench-extra"] = Field(
+        "auto", description="row schema: detected from the columns (auto), or one of the training sets whose "
+        "columns differ from SWE-bench (docs/datasets.md)")
     instances: list[str] = Field([], description="use only these instance ids (empty = all)")
+    skip_ungradable: bool = Field(False, description="rollout/train/eval: go on with the usable tasks when some "
+                                  "are not (invalid row, not gradable, image missing); false: stop before the first "
+                                  "episode, exit 2")

@@ -9,7 +9,9 @@
   reachable. Reachability is probed first with a short timeout, so an offline machine fails in
   seconds with a message saying how to pass a local file instead.
 
-Errors are ``TaskError``/``UserError`` with one line naming the source, instance and field.
+Each row goes through an adapter (``tasks.adapters``; ``adapter="auto"`` picks it from the columns
+and ``Task.adapter`` says which). Errors are ``TaskError``/``UserError`` with one line naming the
+source, instance and field.
 """
 from __future__ import annotations
 
@@ -181,31 +183,22 @@ def load_tasks_lenient(source: str, *, split: str = "test", adapter: str = "auto
     source = str(source)
     repo = resolve_task_repo(source)
     if repo is not None:
-        pairs = _task_repo_rows(repo, split, instances)
+        rows = [row for _, row in _task_repo_rows(repo, split, instances)]
+    elif is_local(source):
+        rows = read_local_rows(source, split)
+    elif source.count("/") == 1:
+        rows = read_hub_rows(source, split)
     else:
-        if is_local(source):
-            rows = read_local_rows(source, split)
-        elif source.count("/") == 1:
-            rows = read_hub_rows(source, split)
-        else:
-            raise UserError(f"task source {source!r}: not a file, directory, 'bundled' or a Hugging Face "
-                            "dataset id (owner/name)")
-        pairs = [(r.get("instance_id") if isinstance(r, dict) else None, r) for r in rows]
-        if instances:
-            known = {i for i, _ in pairs}
-            missing = [i for i in instances if i not in known]
-            if missing:
-                raise UserError(f"{source}: no task {' '.join(missing)}")
-            wanted = set(instances)
-            pairs = [(i, r) for i, r in pairs if i in wanted]
+        raise UserError(f"task source {source!r}: not a file, directory, 'bundled' or a Hugging Face "
+                        "dataset id (owner/name)")
     tasks, errors = [], []
     seen: set[str] = set()
-    for _iid, row in pairs:
+    for row in rows:
         if isinstance(row, TaskError):
             errors.append(row)
             continue
         try:
-            mapped, notes = adapt(row, adapter)
+            mapped, notes, used = adapt(row, adapter)  # ids are known after adapting (R2E-Gym makes them)
             task = Task.from_row(mapped, notes)
         except TaskError as e:
             errors.append(e)
@@ -214,7 +207,15 @@ def load_tasks_lenient(source: str, *, split: str = "test", adapter: str = "auto
             errors.append(TaskError(task.instance_id, "instance_id", "duplicate instance id in the source"))
             continue
         seen.add(task.instance_id)
+        task.adapter = used
         tasks.append(task)
+    if instances and repo is None:
+        missing = [i for i in instances if i not in seen | {e.instance_id for e in errors}]
+        if missing:
+            raise UserError(f"{source}: no task {' '.join(missing)}")
+        wanted = set(instances)
+        tasks = [t for t in tasks if t.instance_id in wanted]
+        errors = [e for e in errors if e.instance_id in wanted]
     return tasks, errors
 
 

@@ -6,8 +6,9 @@ what grading needs: ``image, eval_script, log_parser, eval_type``. ``FAIL_TO_PAS
 ``PASS_TO_PASS`` may be JSON strings (classic SWE-bench) or lists; ``Task`` holds lists.
 
 A task without ``image``/``eval_script``/``log_parser``/``eval_type`` is still loadable (an agent can
-read it) but not gradable here: ``Task.grading_gaps()`` says what is missing, ``sao tasks check``
-reports it.
+read it) but not gradable here: ``Task.grading_gaps()`` says what is missing and, from the adapter's
+notes (``"<field>: why"``), why; ``Task.require_gradable()`` raises it as one line naming the row and
+the first missing field. ``Task.adapter`` names the adapter that mapped the row (``tasks.adapters``).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "FAIL_TO_
 TEXT_FIELDS = ("patch", "test_patch", "hints_text", "version")
 GRADING_FIELDS = ("image", "eval_script", "log_parser", "eval_type")
 EVAL_TYPES = ("pass_and_fail", "fail_only")
-KNOWN = set(REQUIRED) | set(TEXT_FIELDS) | set(GRADING_FIELDS) | {"difficulty", "split"}
+KNOWN = set(REQUIRED) | set(TEXT_FIELDS) | set(GRADING_FIELDS) | {"difficulty", "split", "episode_setup"}
 
 
 class TaskError(UserError):
@@ -76,8 +77,10 @@ class Task:
     eval_type: str | None = None
     difficulty: str | None = None
     split: str | None = None
+    episode_setup: str | None = None  # bash run in the sandbox before the agent starts (R2E-Gym hides its tests)
     extra: dict[str, Any] = field(default_factory=dict)  # every other column, kept verbatim
-    notes: list[str] = field(default_factory=list)  # what an adapter could not map
+    notes: list[str] = field(default_factory=list)  # what an adapter could not map ("<field>: why")
+    adapter: str | None = None  # the adapter that mapped the row (tasks.adapters)
 
     @property
     def id(self) -> str:
@@ -135,28 +138,49 @@ class Task:
             if text[name] and "diff --git" not in text[name] and "\n+++ " not in text[name]:
                 raise TaskError(iid, name, "does not look like a unified diff")
         difficulty = row.get("difficulty")
+        setup = row.get("episode_setup")
+        if setup is not None and not isinstance(setup, str):
+            raise TaskError(iid, "episode_setup", f"must be a string, got {type(setup).__name__}")
         extra = {k: v for k, v in row.items() if k not in KNOWN}
         return cls(instance_id=iid, repo=row["repo"], base_commit=row["base_commit"],
                    problem_statement=row["problem_statement"], FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p, **text,
                    **grading, difficulty=None if difficulty is None else str(difficulty),
-                   split=row.get("split"), extra=extra, notes=list(notes or []))
+                   split=row.get("split"), episode_setup=setup or None, extra=extra, notes=list(notes or []))
 
     # --- what this task can be used for ----------------------------------------------------
+    def why(self, name: str) -> str:
+        """The adapter's note on field ``name`` ("" when it left none)."""
+        return next((n.split(": ", 1)[1] for n in self.notes if n.startswith(f"{name}: ")), "")
+
+    def missing_fields(self) -> list[str]:
+        """The grading fields this task lacks (FAIL_TO_PASS counts when empty)."""
+        missing = [name for name in GRADING_FIELDS if getattr(self, name) is None]
+        return missing + ([] if self.FAIL_TO_PASS else ["FAIL_TO_PASS"])
+
     def grading_gaps(self) -> list[str]:
-        """Why this task cannot be graded here (empty list = gradable)."""
-        gaps = [f"no {name}" for name in GRADING_FIELDS if getattr(self, name) is None]
-        if not self.FAIL_TO_PASS:
-            gaps.append("no FAIL_TO_PASS tests, so nothing decides resolution")
+        """Why this task cannot be graded here, one entry per missing field (empty list = gradable)."""
+        gaps = []
+        for name in self.missing_fields():
+            what = "no FAIL_TO_PASS tests, so nothing decides resolution" if name == "FAIL_TO_PASS" else f"no {name}"
+            gaps.append(what + (f" ({self.why(name)})" if self.why(name) else ""))
         return gaps
 
     @property
     def gradable(self) -> bool:
         return not self.grading_gaps()
 
+    def grading_error(self) -> TaskError | None:
+        """``task ID: field 'NAME': not gradable here: ...`` (None when gradable)."""
+        missing = self.missing_fields()
+        if not missing:
+            return None
+        return TaskError(self.instance_id, missing[0], "not gradable here: " + "; ".join(self.grading_gaps()))
+
     def require_gradable(self) -> None:
-        gaps = self.grading_gaps()
-        if gaps:
-            raise TaskError(self.instance_id, None, "not gradable here: " + "; ".join(gaps + self.notes))
+        """Raise ``grading_error()`` unless gradable."""
+        error = self.grading_error()
+        if error is not None:
+            raise error
 
     # --- swebench views ----------------------------------------------------------------------
     def to_row(self) -> dict[str, Any]:
@@ -166,7 +190,7 @@ class Task:
                    patch=self.patch, test_patch=self.test_patch, problem_statement=self.problem_statement,
                    hints_text=self.hints_text, version=self.version, FAIL_TO_PASS=list(self.FAIL_TO_PASS),
                    PASS_TO_PASS=list(self.PASS_TO_PASS))
-        for name in GRADING_FIELDS + ("difficulty", "split"):
+        for name in GRADING_FIELDS + ("difficulty", "split", "episode_setup"):
             if getattr(self, name) is not None:
                 row[name] = getattr(self, name)
         return row

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import sys
 
+from tasks.loaders import tasks_from_config
+from tasks.preflight import preflight
+
 
 def register(sub, add_config_args):
     p = sub.add_parser("train", help="asynchronous SAO training (trainer.mode=sync: the group baseline); "
@@ -33,6 +36,8 @@ def register(sub, add_config_args):
 
 
 def cmd_train(args) -> int:
+    if args.cfg.trainer.env == "swe":  # before torch loads and the first episode: usable tasks only
+        args.cfg.tasks.instances = [t.instance_id for t in preflight(args.cfg, *tasks_from_config(args.cfg))]
     # lazy: keep `sao --help` fast (torch)
     from trainer.loop import LoopError, train
 

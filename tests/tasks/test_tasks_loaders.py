@@ -70,9 +70,11 @@ def test_verified_rows_load_but_are_not_gradable_here(tmp_path):
     assert t.FAIL_TO_PASS == ["astropy/modeling/tests/test_separable.py::test_separable[compound_model6-result6]"]
     assert t.difficulty == "15 min - 1 hour"
     assert t.image == "swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest"  # swebench's derived name
-    assert not t.gradable
-    assert "no eval_script" in t.grading_gaps() and "no log_parser" in t.grading_gaps()
-    with pytest.raises(TaskError, match=r"task astropy__astropy-12907: not gradable here: no eval_script"):
+    assert not t.gradable and t.adapter == "swebench"
+    assert t.missing_fields() == ["eval_script", "log_parser", "eval_type"]
+    assert t.grading_gaps()[0].startswith("no eval_script (a classic SWE-bench row")
+    with pytest.raises(TaskError, match=r"^task astropy__astropy-12907: field 'eval_script': not gradable here: "
+                                        r"no eval_script \(a classic SWE-bench row"):
         t.require_gradable()
     row = t.to_row()
     assert row["environment_setup_commit"] == "298ccb478e6bf092953bca67a3d29dc6c35f6752"
@@ -99,30 +101,46 @@ def test_json_and_save_to_disk_sources(tmp_path):
     assert t.FAIL_TO_PASS == ["tests/test_ssm/test_ssm_boto3.py::test_describe_parameters__multiple_tags"]
 
 
-# --- training-set adapters ---------------------------------------------------------------------
+# --- training-set adapters (real rows of each format: tests/tasks/test_tasks_formats.py) --------
 def test_swe_gym_adapter(tmp_path):
     f = write_jsonl(tmp_path / "gym.jsonl", [swe_gym_row()])
     (t,) = load_tasks(str(f), adapter="swe-gym")
-    assert t.image == "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752:latest"
-    assert not t.gradable
-    assert any("SWE-Gym" in n and "eval_script" in n for n in t.notes)
+    assert t.image == "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752"  # lowercase, no tag: OpenHands' name
+    assert t.gradable and t.log_parser == "parse_log_pytest" and t.eval_type == "pass_and_fail"
+    assert "pytest -n0 -rA tests/test_a.py\n" in t.eval_script  # moto's command on the test patch's files
+
+
+def test_swe_gym_is_auto_detected_and_mypy_selects_cases(tmp_path):
+    mypy = dict(swe_gym_row("python__mypy-11134"), repo="python/mypy", version="0.920",
+                FAIL_TO_PASS=["mypy/test/testcheck.py::TypeCheckSuite::check-classes.test::testA"],
+                PASS_TO_PASS=["mypy/test/testcheck.py::TypeCheckSuite::check-classes.test::testB"])
+    new = dict(mypy, instance_id="python__mypy-16000", version="1.7")
+    unknown = dict(swe_gym_row("acme__tool-1"), repo="acme/tool")
+    tasks = load_tasks(str(write_jsonl(tmp_path / "gym.jsonl", [mypy, new, unknown])))  # adapter=auto
+    assert [t.adapter for t in tasks] == ["swe-gym", "swe-gym", "swebench"]  # an unknown repo is not SWE-Gym's
+    assert "pytest -n0 -rA -k 'testA or testB'\n" in tasks[0].eval_script
+    assert "pytest -rA -k 'testA or testB'\n" in tasks[1].eval_script  # mypy >= 1.7: no -n0
+    with pytest.raises(TaskError, match=r"field 'eval_script'"):
+        load_tasks(str(write_jsonl(tmp_path / "u.jsonl", [unknown])), adapter="swe-gym")[0].require_gradable()
 
 
 def test_swe_smith_adapter_is_auto_detected(tmp_path):
     f = write_jsonl(tmp_path / "smith.jsonl", [swe_smith_row()])
     (t,) = load_tasks(str(f))  # adapter=auto
+    assert t.adapter == "swe-smith"
     assert t.image == "jyangballin/swesmith.x86_64.pylint-dev_1776_astroid.b114f6b5"
-    assert t.patch == "" and t.extra["bug_patch"] == PATCH
-    assert t.base_commit == t.instance_id
+    assert t.extra["bug_patch"] == PATCH and t.patch.splitlines()[-2:] == ["+x = 1", "-x = 2"]  # the bug undone
+    assert t.base_commit == t.instance_id  # no base_commit column: the instance's branch
     assert any("introduces the bug" in n for n in t.notes)
-    assert not t.gradable
+    assert t.gradable
+    assert "pytest --disable-warnings --color=no --tb=no --verbose -rA tests/test_inference.py\n" in t.eval_script
 
 
 def test_swe_bench_extra_adapter_parquet(tmp_path):
     pq.write_table(pa.Table.from_pylist([extra_row()]), tmp_path / "extra.parquet")
     (t,) = load_tasks(str(tmp_path / "extra.parquet"))  # auto-detected by its meta struct
-    assert t.extra["meta_is_lite"] is False
-    assert any("no image" in n for n in t.notes) and not t.gradable
+    assert t.adapter == "swe-bench-extra" and t.extra["meta_is_lite"] is False
+    assert t.missing_fields()[0] == "image" and not t.gradable
 
 
 # --- malformed rows: errors name the instance and the field ----------------------------------
