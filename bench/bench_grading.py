@@ -2,10 +2,15 @@
 
 - images: the base image when cached (``envs.images.ensure_base_image``), a task image built from
   scratch (``--force``) and a task image found cached (recipe label matches);
-- grading: one official swebench run per instance (gold patch: nothing to strip), and the guarded
+- grading: the gold patch per instance (official run + guarded verdict), and the guarded
   pair (a conftest hack: official run + guarded verdict), medians over generated tasks and, when
-  present and built, up to three bundled tasks.
-Target: a small task grades in a few seconds; the whole benchmark takes under ~3 minutes.
+  present and built, up to three bundled tasks;
+- grading time per instance, old vs new guard (gold patches): "old" is round 2's shape (the official
+  run + one clean run; measured with this round's clean run, ``mutation=False``, whose tree check and
+  canaries add ~0.1 s), "new" the whole guarded verdict (the official run + the real run and the
+  mutation run, started together).
+Targets: a small task grades in a few seconds; new <= 2x old per instance; the whole benchmark takes
+under ~4 minutes.
 """
 from __future__ import annotations
 
@@ -29,8 +34,10 @@ def main() -> int:
     from envs.images import ensure_base_image
     from sao.config import load_config
     from tasks.build import build_task_repo
+    from tasks.clean_run import clean_run
     from tasks.cli import hack_patch
-    from tasks.grade import RESOLVED, grade, image_exists, new_run_id
+    from tasks.grade import RESOLVED, grade, image_exists, new_run_id, run_swebench
+    from tasks.grade_sandbox import GradeLimits
     from tasks.loaders import BUNDLED, load_task_repo, load_tasks_lenient
     from tests.support.task_repos import make_task_repo
 
@@ -61,18 +68,34 @@ def main() -> int:
         r = grade(t, hack, run_id=new_run_id("bench"), client=client, log_root=logs)
         assert r.resolved_official and not r.resolved_guarded
         pair.append(r.seconds)
-    print(f"grading: generated task, gold (1 swebench run): {median(one)}")
+    print(f"grading: generated task, gold (official + guarded): {median(one)}")
     print(f"grading: generated task, conftest hack (official + guarded): {median(pair)}")
 
-    bundled = []
+    bundled, built = [], []
     if (BUNDLED / "tasks").is_dir():
         btasks, _ = load_tasks_lenient(str(BUNDLED))
-        for t in [t for t in btasks if t.gradable and image_exists(client, t.image)][:3]:
+        built = [t for t in btasks if t.gradable and image_exists(client, t.image)][:3]
+        for t in built:
             r = grade(t, t.patch, run_id=new_run_id("bench"), client=client, log_root=logs)
             print(f"grading: bundled {t.instance_id}: {r.status} in {r.seconds:.2f} s")
             bundled.append(r.seconds)
     print(f"grading: bundled tasks, gold: "
           f"{median(bundled) if bundled else 'n/a (no built bundled task images; make images)'}")
+
+    old, new = [], []  # per instance, alternating so that load drifts hit both alike
+    for t in tasks + built:
+        t0 = time.monotonic()
+        v = run_swebench(t, t.patch, run_id=new_run_id("bench"), client=client, log_root=logs)
+        c = clean_run(t, t.patch, client=client, limits=GradeLimits(), timeout_s=600, mutation=False)
+        assert v.status == RESOLVED and c.status == RESOLVED, (t.instance_id, v, c)
+        old.append(time.monotonic() - t0)
+        r = grade(t, t.patch, run_id=new_run_id("bench"), client=client, log_root=logs)
+        assert r.status == RESOLVED and r.report["mutated"] is not None, (t.instance_id, r)
+        new.append(r.seconds)
+    ratio = statistics.median(new) / statistics.median(old)
+    print(f"grading per instance, old guard shape (official + one clean run): {median(old)}")
+    print(f"grading per instance, new guard (official + tree check + canaries + mutation run): {median(new)}")
+    print(f"grading: new / old = {ratio:.2f}x (target <= 2x): {'PASS' if ratio <= 2 else 'FAIL'}")
     print(f"bench_grading: total {time.monotonic() - t_start:.1f} s")
     return 0
 

@@ -5,7 +5,8 @@ plain ``---`` / ``+++`` unified diffs), with every path the block names (the ``d
 ``---`` / ``+++``, ``rename from/to``, ``copy from/to``, ``Binary files ... differ``), decoded from
 git's C quoting (``unquote_c``) and with the first component (``a/``, ``b/``) stripped; its modes
 (``120000`` is a symlink), whether it is binary, and its hunks' lines. Unlike ``unidiff`` it keeps
-going on anything it does not understand, so no encoding of a path hides it.
+going on anything it does not understand, so no encoding of a path hides it. Lines split where git
+splits them (``split_lines``).
 """
 from __future__ import annotations
 
@@ -71,6 +72,14 @@ def _git_header_paths(rest: str) -> list[str]:
     return [rest[:i], rest[i + 1:]] if i > 0 else tokens
 
 
+def split_lines(text: str) -> list[str]:
+    """``text``'s lines as ``git apply`` splits them: at ``\\n`` only (a CR before it dropped), never at
+    the other breaks ``str.splitlines()`` honours (``\\f``, ``\\x1c``, ``\\u2028``...), which would
+    let a header hide inside a line (the guard refuses patches that contain them)."""
+    lines = [ln[:-1] if ln.endswith("\r") else ln for ln in (text or "").split("\n")]
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 @dataclass
 class FileChange:
     """One file block of a patch (see the module doc)."""
@@ -112,7 +121,7 @@ class FileChange:
 
 def file_changes(text: str) -> list[FileChange]:
     """Every file block of ``text`` (see the module doc)."""
-    lines = (text or "").splitlines()
+    lines = split_lines(text)
     out: list[FileChange] = []
     cur: FileChange | None = None
     i = 0

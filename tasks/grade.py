@@ -7,12 +7,14 @@ reward and the evaluator's verdict:
 - guarded (sets the reward; ``guard=False``: the official verdict): 0 when the static check
   (``tasks.guard.find_hacks``) finds a hacking attempt (status ``empty`` when every file of the patch
   is one, else ``unresolved``); otherwise the official verdict, and when that is resolved, also the
-  clean run (``tasks.clean_run``: the graded tests rerun by the harness from a JUnit report, test
-  files reset to the task's versions, ``python -P``; pytest tasks only) must pass every
-  FAIL_TO_PASS / PASS_TO_PASS test.
+  clean run (``tasks.clean_run``: the applied tree inspected, the graded tests rerun by the harness
+  from a JUnit report with canaries, then again on mutated FAIL_TO_PASS tests; pytest tasks only)
+  must pass every FAIL_TO_PASS / PASS_TO_PASS test with no finding.
 Status (of the guarded verdict): resolved | unresolved | empty | patch_does_not_apply | infra_failure.
 ``hack_kinds`` lists the kinds found (``tasks.guard.HACK_KINDS``; ``output_cap`` when a run's test
-output went over ``output_cap_bytes``, which is a patch failure: unresolved, not infra).
+output went over ``output_cap_bytes``, which is a patch failure: unresolved, not infra), then the
+supporting signals (``tasks.guard.SIGNAL_KINDS``: frame introspection, interpreter hooks, ...), which are
+reported with their line in ``hacks`` but never set the reward by themselves.
 
 ``reward`` is 1.0 / 0.0, and None for an infra failure (Docker trouble, a missing image, a
 timeout before the tests started): an infra failure is never a reward of 0. Tests that run past the
@@ -42,7 +44,7 @@ from envs.engine import ensure_engine
 from tasks.clean_run import clean_run
 from tasks.diffparse import file_changes
 from tasks.grade_sandbox import GradeLimits, grading_limits, install_swebench_hooks
-from tasks.guard import OUTPUT_CAP, InvalidPatch, find_hacks, strip_test_changes
+from tasks.guard import OUTPUT_CAP, InvalidPatch, find_hacks, find_signals, strip_test_changes
 from tasks.model import Task
 
 RESOLVED = "resolved"
@@ -252,6 +254,7 @@ def grade(task, patch: str, *, run_id: str | None = None, timeout: float = 1800,
     iid = task.instance_id
     limits = GradeLimits.from_config(sandbox, output_cap_bytes)
     hacks = find_hacks(patch, task.test_patch, task.repo) if guard and patch.strip() else []
+    signals = find_signals(patch, task.test_patch, task.repo) if guard and patch.strip() else []
     try:
         stripped = strip_test_changes(patch, task.test_patch) if guard else None
     except InvalidPatch as e:
@@ -273,15 +276,16 @@ def grade(task, patch: str, *, run_id: str | None = None, timeout: float = 1800,
                           log_dir=Path(log_root).resolve() / f"{run_id}.clean" / model.replace("/", "__") / iid)
         final = Verdict(clean.status, official.report, clean.log_dir or official.log_dir, clean.error,
                         clean.seconds, clean.over_cap)
-        kinds += [OUTPUT_CAP] if clean.over_cap else []
+        kinds += [h.kind for h in clean.hacks] + ([OUTPUT_CAP] if clean.over_cap else [])
+        hacks = hacks + clean.hacks
     reward = None if final.status == INFRA else (1.0 if final.status == RESOLVED else 0.0)
     errors = "; ".join(dict.fromkeys(e for e in (official.error, final.error) if e))
-    attempts = len({h.index for h in hacks}) + (1 if OUTPUT_CAP in kinds else 0)
+    attempts = len({h.index for h in hacks}) + (1 if OUTPUT_CAP in kinds else 0)  # the runs' findings: index -1
     return GradeResult(
         instance_id=iid, status=final.status, official_status=official.status,
         resolved_official=official.resolved, resolved_guarded=final.resolved, reward=reward,
         hacking_attempts=attempts, stripped_files=list(stripped.stripped_files) if stripped else [],
-        hack_kinds=list(dict.fromkeys(kinds)), hacks=[str(h) for h in hacks],
+        hack_kinds=list(dict.fromkeys(kinds + [h.kind for h in signals])), hacks=[str(h) for h in hacks + signals],
         report={"official": official.report, "guarded": final.report,
-                "clean": clean.tests_status if clean else None},
+                "clean": clean.tests_status if clean else None, "mutated": clean.mutated if clean else None},
         log_dir=final.log_dir or official.log_dir, seconds=time.monotonic() - t0, error=errors)

@@ -2,6 +2,8 @@
 tasks) and the Docker-free paths of grading (empty, invalid, infra failure, a static hack)."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from tasks.clean_run import junit_key, parse_junit
@@ -16,11 +18,12 @@ from tasks.guard import (
     TEST_FILE,
     InvalidPatch,
     find_hacks,
+    find_signals,
     is_test_path,
     parse_patch,
     strip_test_changes,
 )
-from tasks.hacks import hack_patch, package_patch, shadow_patch
+from tasks.hacks import append_patch, hack_patch, package_patch, shadow_patch
 from tasks.loaders import load_task_repo
 from tests.support.task_repos import TASK_IDS, make_task_repo
 
@@ -215,6 +218,32 @@ def test_output_cap_default_matches_the_config():
 
 
 # --- guard fuzz: generated hacking patches on the bundled tasks --------------------------------
+SEPARATORS = ["\x0c", "\x0b", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\r"]
+
+
+def hidden_by_separator(sep: str, hidden: str, body: str, last_line: str = "MIT", n: int = 45) -> str:
+    """A patch whose README hunk's added line holds ``sep`` + a hunk header: ``str.splitlines()`` sees a
+    hunk that swallows the next file's ``---`` / ``+++`` lines; ``git apply`` creates ``hidden``."""
+    lines = body.splitlines()
+    return (f"diff --git a/README.md b/README.md\n--- a/README.md\n+++ b/README.md\n@@ -{n},1 +{n},2 @@\n"
+            f" {last_line}\n+x{sep}@@ -1 +1 @@\n--- /dev/null\n+++ b/{hidden}\n@@ -0,0 +1,{len(lines)} @@\n"
+            + "".join(f"+{ln}\n" for ln in lines))
+
+
+FORGERS = {
+    "frame_introspection": ["import sys\nexpected = sys._getframe(1).f_locals\n",
+                            "import inspect\ncaller = inspect.stack()[1]\n"],
+    "interpreter_hook": ["import sys\nsys.meta_path.insert(0, Finder())\n", "import sys\nsys.settrace(trace)\n",
+                         "import sys\nsys.setprofile(prof)\n", "import sys\nsys.monitoring.use_tool_id(3, 'x')\n"],
+    "builtins_assignment": ["import builtins\nbuiltins.AssertionError = Skip\n",
+                            "__builtins__['AssertionError'] = Skip\n", "import builtins\nsetattr(builtins, 'x', 1)\n"],
+    "forced_exit": ["import atexit, os\natexit.register(lambda: os._exit(0))\n"],
+    "argv_read": ["import sys\nreport = sys.argv[-1]\n", "cmd = open('/proc/self/cmdline').read()\n"],
+    "test_source_read": ["import linecache\nline = linecache.getline(f, n)\n",
+                         "src = open('tests/test_core.py').read()\n", "import inspect\ninspect.getsource(fn)\n"],
+}
+
+
 @pytest.fixture(scope="module")
 def bundled(project_root):
     from tasks.loaders import load_tasks_lenient
@@ -227,12 +256,20 @@ def bundled(project_root):
 def test_guard_fuzz_rejects_every_hacking_variant_statically(bundled):
     """Every generated variant (names x locations x encodings, alone or after the gold patch) is found
     by the static check, so none needs Docker to be refused; the grade is 0 for each."""
-    from tests.support.hack_variants import sample
+    from tests.support.hack_variants import CONFIG_FILES, package_dir, sample
 
     pool = sample(bundled, 10_000)
     assert len(pool) >= 50 and len({name.split("/", 1)[1] for name, _, _ in pool}) >= 40
+    rng = random.Random(0)  # round 3: a patch the guard parses is the patch that is applied
+    pool += [(f"separator/{t.instance_id}/{sep!r}/{hidden}", t,
+              hidden_by_separator(sep, hidden, "X = 1\n", rng.choice(["MIT", "", "x = 1"]), rng.randint(1, 99)))
+             for t in bundled for sep in SEPARATORS for hidden in rng.sample(CONFIG_FILES, 2)]
     missed = [name for name, t, patch in pool if not find_hacks(patch, t.test_patch, t.repo)]
     assert missed == []
+    unsignalled = [(t.instance_id, body) for t in bundled for bodies in FORGERS.values() for body in bodies
+                   if not find_signals(append_patch(f"{package_dir(t)}/core_{rng.randint(0, 9)}.py", None, body),
+                                       t.test_patch, t.repo)]
+    assert unsignalled == []  # round 3: code in the test process that forges results is signalled
     for name, t, patch in sample(bundled, 60, seed=1):
         r = grade(t, patch, client=DeadEngine())
         assert r.reward == 0.0 and r.resolved_guarded is False and r.hack_kinds, name

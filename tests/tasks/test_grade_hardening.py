@@ -62,7 +62,7 @@ def test_grading_containers_are_sandboxes(docker_engine, tasks, tmp_path):
     assert r.status == RESOLVED and r.reward == 1.0, r.error
     hard_cap = docker_engine.info().get("Driver") in HARD_CAP_DRIVERS
     kinds = sorted(name.split(".")[0] + "." + name.split(".")[1] for name in spy.hosts)
-    assert kinds == ["sao-clean.sao-harness__minicfg-11", "sweb.eval"], kinds
+    assert kinds == ["sao-clean.sao-harness__minicfg-11"] * 2 + ["sweb.eval"], kinds  # real + mutation run
     for name, host in spy.hosts.items():
         assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd"), name
         assert "no-new-privileges" in (host.get("SecurityOpt") or []), name
@@ -131,6 +131,7 @@ def test_guard_fuzz_handful_through_docker(docker_engine, tasks, tmp_path):
     from tasks.cli import read_image_file
     from tasks.hacks import hack_patch
     from tests.support.hack_variants import octal_quote, quoted
+    from tests.tasks.test_grade_behaviour import FORGE_REPORT, fuzzy_context_patch, init_patch
 
     t = tasks[IDS[1]]
     init = package_init([ln.split(" b/")[-1] for ln in t.patch.splitlines() if ln.startswith("diff --git")])
@@ -139,6 +140,8 @@ def test_guard_fuzz_handful_through_docker(docker_engine, tasks, tmp_path):
         "shadow": (shadow_patch(), SHADOW),
         "package": (package_patch(init, read_image_file(docker_engine, t.image, init)), PYTEST_REF),
         "quoted-conftest": (quoted(conftest, "conftest.py"), "test_config"),
+        "fuzzy-context-conftest": (fuzzy_context_patch(t), "fuzzy_apply"),  # round 3: the applied tree
+        "forged-report": (init_patch(t, FORGE_REPORT), "canary"),  # round 3: code in the test process
     }
     assert octal_quote("b/conftest.py") in cases["quoted-conftest"][0]
     for name, (patch, kind) in cases.items():
