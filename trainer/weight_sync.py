@@ -8,8 +8,10 @@
   stateless groups and TRL's vLLM client do), so FSDP's default group is untouched. A publish
   announces the plan (names, dtypes, shapes, byte offsets: plain arguments of an actor call), then
   broadcasts the state dict as byte buckets of `trainer.weight_bucket_mb`; each replica unpacks them
-  and loads them as the new version. The group is set up by actor calls with plain arguments (the
-  trainer's address and a free port), and set up again whenever a replica is replaced.
+  and loads them as the new version (the vllm engine bucket by bucket as they arrive, `receive_buckets`
+  into `VLLMEngine.update_weights_stream`: the replica never holds the whole state dict). The group is
+  set up by actor calls with plain arguments (the trainer's address and a free port), and set up again
+  whenever a replica is replaced.
 
 Both wait for every replica (`publish_timeout_s`) and raise `LoopError` naming the replica that did not
 apply the version. The trainer side runs in the driver; `join_group` / `receive` run in the replicas.
@@ -22,43 +24,14 @@ import time
 
 import torch
 
+from harness.engines.vllm_weights import ALIGN, pack, plan, unpack  # noqa: F401  (this module's API too)
 from trainer.ray_utils import LoopError, get
-
-ALIGN = 16  # bytes: every tensor starts at an aligned offset of its bucket, so a byte view can be re-typed
 
 
 def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def plan(weights: dict[str, torch.Tensor], bucket_bytes: int) -> list[dict]:
-    """Buckets of at most `bucket_bytes` (a larger tensor alone): `{"nbytes", "items": [(name, dtype,
-    shape, offset, nbytes)]}`, in the state dict's order; plain values (an actor call's arguments)."""
-    buckets, items, size = [], [], 0
-    for name, t in weights.items():
-        n = t.numel() * t.element_size()
-        if items and size + n > bucket_bytes:
-            buckets.append({"nbytes": size, "items": items})
-            items, size = [], 0
-        items.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), size, n))
-        size += -(-n // ALIGN) * ALIGN
-    if items:
-        buckets.append({"nbytes": size, "items": items})
-    return buckets
-
-
-def pack(weights: dict[str, torch.Tensor], bucket: dict, device) -> torch.Tensor:
-    buf = torch.empty(bucket["nbytes"], dtype=torch.uint8, device=device)
-    for name, _, _, offset, n in bucket["items"]:
-        buf[offset:offset + n].copy_(weights[name].detach().contiguous().reshape(-1).view(torch.uint8))
-    return buf
-
-
-def unpack(buf: torch.Tensor, bucket: dict) -> dict[str, torch.Tensor]:
-    return {name: buf[offset:offset + n].view(getattr(torch, dtype)).view(shape)
-            for name, dtype, shape, offset, n in bucket["items"]}
 
 
 def make_group(backend: str, host: str, port: int, rank: int, world: int, timeout_s: float, own_host: str):
@@ -90,11 +63,19 @@ def broadcast(group, buf: torch.Tensor) -> None:
 def receive(group, buckets: list[dict], device) -> dict[str, torch.Tensor]:
     """The replica side of a publish: every bucket from rank 0, unpacked into one state dict."""
     weights: dict[str, torch.Tensor] = {}
+    for part in receive_buckets(group, buckets, device):
+        weights.update(part)
+    return weights
+
+
+def receive_buckets(group, buckets: list[dict], device):
+    """The replica side of a publish, one bucket at a time (a generator of name -> tensor views of that
+    bucket's buffer): an engine that streams weights (`VLLMEngine.update_weights_stream`) never holds
+    the whole state dict."""
     for bucket in buckets:
         buf = torch.empty(bucket["nbytes"], dtype=torch.uint8, device=device)
         broadcast(group, buf)
-        weights.update(unpack(buf, bucket))
-    return weights
+        yield unpack(buf, bucket)
 
 
 # --- the trainer side -------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import time
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from harness.engines.vllm_env import engine_runtime_env
 from trainer.actors import EngineActor, RolloutWorker
 from trainer.queue import Counters, Entry, TraceQueue, take_async, take_round
 from trainer.ray_utils import LoopError, get, is_done
@@ -64,6 +65,9 @@ class EngineReplicas:
             opts["num_gpus"] = gpus
         if ec.node_resources:
             opts["resources"] = dict(ec.node_resources)
+        runtime_env = engine_runtime_env(ec)  # vllm from its own venv (.venv-vllm): harness.engines.vllm_env
+        if runtime_env:
+            opts["runtime_env"] = runtime_env
         return opts
 
     def start(self, version: int) -> None:

@@ -1,6 +1,6 @@
 """Inference engines behind one protocol (``protocol.Engine``); ``make_engine(cfg)`` picks one.
 
-``hf``: transformers on CPU (tests, demo). ``vllm``: vLLM on GPUs (imported only when selected).
+``hf``: transformers on CPU (tests, demo). ``vllm``: vLLM on GPUs or CPU (imported only when selected).
 ``scripted``: a test double that replays given assistant replies. ``expert``: the tasks' gold patches
 as minimal ``file_editor`` edits (SFT data; ``harness.engines.expert``).
 """
@@ -35,10 +35,14 @@ def make_engine(cfg, **kwargs) -> Engine:
     if kind == "vllm":
         from harness.engines.vllm import VLLMEngine  # lazy: vLLM is optional (GPU only)
 
+        trainer = getattr(cfg, "trainer", None)
+        if trainer is not None and "bucket_bytes" not in kwargs:
+            kwargs["bucket_bytes"] = int(trainer.weight_bucket_mb * 2**20)
         return VLLMEngine(path, dtype=cfg.model.dtype, tensor_parallel_size=cfg.engine.tensor_parallel_size,
                           gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                           timeout_s=cfg.engine.timeout_s, seed=cfg.run.seed,
-                          max_model_len=cfg.engine.max_model_len, **kwargs)
+                          max_model_len=cfg.engine.max_model_len, vllm_args=cfg.engine.vllm_args,
+                          kv_cache_bytes=cfg.engine.kv_cache_bytes, **kwargs)
     if kind == "scripted":
         return ScriptedEngine(path, timeout_s=cfg.engine.timeout_s, **kwargs)
     if kind == "expert":  # kwargs may give tasks= (default: cfg.tasks) and read_file= (default: the task images)

@@ -218,11 +218,14 @@ def test_weight_update_mid_request_crosses_the_rpc_as_plain_values(fake_vllm, tp
             params = dict(w.model_runner.model.named_parameters())
             assert torch.equal(params["lm_head.weight"], new["lm_head.weight"])
             assert torch.equal(params["embed.weight"], new["embed.weight"].float())
-        method, (names, dtypes, shapes), _ = eng.llm.rpcs[-1]
-        assert method == "sao_receive_weights" and names == ["lm_head.weight", "embed.weight"]
+        buckets = [args[0] for method, args, _ in eng.llm.rpcs if method == "sao_receive_bucket"]
+        assert len(buckets) == 1  # both tensors fit one bucket (bucket_bytes): its plan crossed, as plain values
+        names, dtypes, shapes = ([item[i] for item in buckets[0]["items"]] for i in range(3))
+        assert names == ["lm_head.weight", "embed.weight"]
         assert dtypes == ["float32", "bfloat16"] and shapes == [[2, 2], [3, 2]]
-        # frozen, loaded, the running request's KV dropped (checked), resumed
-        assert eng.llm.calls[-4:] == ["pause:keep", "sao_receive_weights", "reset_prefix_cache", "resume"]
+        # frozen, loaded bucket by bucket, counted, the running request's KV dropped (checked), resumed
+        assert eng.llm.calls[-6:] == ["pause:keep", "sao_begin_update", "sao_receive_bucket", "sao_finish_update",
+                                      "reset_prefix_cache", "resume"]
         assert eng.llm.resets == [True] and eng.llm.preempted == 1
         assert eng.version == 3 and eng.health()["version"] == 3
 
@@ -230,7 +233,7 @@ def test_weight_update_mid_request_crosses_the_rpc_as_plain_values(fake_vllm, tp
         assert [c for c in eng.llm.calls if c == "sao_join_weight_sync"] == ["sao_join_weight_sync"]
         assert torch.equal(eng.llm.workers[0].model_runner.model.lm_head.weight, torch.ones(2, 2))
         eng.update_weights(5, {})  # resumed from a checkpoint: only the version
-        assert eng.version == 5 and eng.llm.rpcs[-1][0] == "sao_receive_weights" and len(eng.llm.rpcs) == 3
+        assert eng.version == 5 and eng.llm.rpcs[-1][0] == "sao_finish_update" and len(eng.llm.rpcs) == 7
     finally:
         eng.close()
 
@@ -275,5 +278,79 @@ def test_engine_errors_are_wrapped(fake_vllm):
 
 def test_missing_vllm_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(EngineError, match="needs vLLM and a GPU"):
+    with pytest.raises(EngineError, match="needs vLLM: on GPUs .*make test-vllm"):
         VLLMEngine("m")
+
+
+class CountingModel(TinyModel):
+    """A model whose load_weights says what it loaded (as vLLM's do): the engine counts the update."""
+
+    def load_weights(self, weights):
+        weights = list(weights)
+        super().load_weights(weights)
+        return {name for name, _ in weights}
+
+
+def test_an_incomplete_update_fails_and_the_engine_refuses_until_a_complete_one(fake_vllm):
+    eng = VLLMEngine("some/model", timeout_s=30, bucket_bytes=16)  # 16 bytes: one tensor per bucket
+    try:
+        for w in eng.llm.workers:
+            w.model_runner.model = CountingModel()
+        with pytest.raises(EngineError, match="left 1 of 2 parameters unloaded"):
+            eng.update_weights(2, {"lm_head.weight": torch.ones(2, 2)})
+        assert eng.version == 0 and not eng.health()["ok"] and "unloaded" in eng.health()["error"]
+        with pytest.raises(EngineError, match="not serving"):
+            eng.generate([1], SamplingParams(max_tokens=2))
+        eng.update_weights(3, {"lm_head.weight": torch.ones(2, 2), "embed.weight": torch.ones(3, 2)})
+        assert eng.version == 3 and eng.health()["ok"]
+        assert sum(m == "sao_receive_bucket" for m in eng.llm.calls) == 3  # 1 + 2 buckets of <= 16 bytes
+        assert len(eng.generate([1], SamplingParams(max_tokens=2)).token_ids) == 2
+    finally:
+        eng.close()
+
+
+def test_engine_args_on_cpu_and_on_gpus():
+    from harness.engines.vllm import engine_args
+
+    common = dict(dtype="float32", tensor_parallel_size=1, gpu_memory_utilization=0.5, seed=0, max_model_len=4096)
+    args, env = engine_args("m", **common, kv_cache_bytes=3 * 2**30 + 1, cpu=True, vllm_args={"enforce_eager": True})
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "4", "TORCH_COMPILE_DISABLE": "1"}  # GiB, rounded up
+    assert args["enable_chunked_prefill"] is False and args["max_num_batched_tokens"] == 4096  # the seed fix
+    assert args["enforce_eager"] is True and args["logprobs_mode"] == "processed_logprobs"
+    args, env = engine_args("m", **common, kv_cache_bytes=None, cpu=True, vllm_args={"enable_chunked_prefill": True})
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "1"} and args["enable_chunked_prefill"] is True
+    args, env = engine_args("m", **common, kv_cache_bytes=2**30, cpu=False, vllm_args={"max_num_seqs": 3})
+    assert env == {} and args["kv_cache_memory_bytes"] == 2**30 and args["max_num_seqs"] == 3
+    assert "enable_chunked_prefill" not in args
+
+
+def test_seeds_dropped_only_where_chunked_prefill_would_kill_a_cpu_engine():
+    sp = SamplingParams(seed=7)
+    assert to_vllm_sampling(sp, FakeParams).seed == 7
+    assert to_vllm_sampling(sp, FakeParams, drop_seed=True).seed is None
+
+
+def test_vllm_args_are_checked_against_the_shipped_field_list():
+    from harness.config import EngineConfig
+
+    assert EngineConfig(vllm_args={"enforce_eager": True, "max_num_seqs": 4, "kv_cache_dtype": "fp8",
+                                   "enable_expert_parallel": True, "hf_overrides": {"rope_scaling": {}}}).vllm_args
+    for bad, why in [({"enforce_eagr": True}, "close: enforce_eager"), ({"seed": 1}, "run.seed"),
+                     ({"worker_extension_cls": "x"}, "set by the engine")]:
+        with pytest.raises(ValueError, match=why):
+            EngineConfig(vllm_args=bad)
+
+
+def test_fused_experts_split_into_per_expert_checkpoint_names():
+    from harness.engines.vllm_weights import to_checkpoint_names
+
+    gate_up = torch.arange(2 * 6 * 3, dtype=torch.float32).reshape(2, 6, 3)  # [E, 2I, H], gate rows first
+    down = torch.arange(2 * 3 * 3, dtype=torch.float32).reshape(2, 3, 3)  # [E, H, I]
+    sd = {"model.layers.0.mlp.experts.gate_up_proj": gate_up, "model.layers.0.mlp.experts.down_proj": down,
+          "model.layers.0.mlp.gate.weight": torch.ones(2, 3)}
+    out = dict(to_checkpoint_names(sd, "qwen3_moe"))
+    assert torch.equal(out["model.layers.0.mlp.experts.1.gate_proj.weight"], gate_up[1, :3])
+    assert torch.equal(out["model.layers.0.mlp.experts.1.up_proj.weight"], gate_up[1, 3:])
+    assert torch.equal(out["model.layers.0.mlp.experts.0.down_proj.weight"], down[0])
+    assert "model.layers.0.mlp.gate.weight" in out and len(out) == 7
+    assert dict(to_checkpoint_names(sd, "llama")).keys() == sd.keys()  # other families: unchanged
