@@ -282,3 +282,13 @@ def test_r2e_episode_setup_hides_the_held_out_tests(make_sandbox):
     assert sb.run("cat /root/r2e_tests/test_1.py /root/run_tests.sh").output.split() == ["t", "r"]
     assert sb.run("ls /r2e_tests /testbed/run_tests.sh").exit_code != 0
     sb.run(R2E_EPISODE_SETUP, check=True)  # idempotent: nothing left to move is not an error
+
+
+def test_r2e_rows_are_held_back_until_their_guarded_grade_exists(tmp_path):
+    """R2E-Gym grades officially, but the guard's clean run cannot find its tests yet: refused up front,
+    not after a whole episode as an infra_error."""
+    (task,) = [t for t in load_tasks(str(FIXTURES / "r2e_gym.jsonl")) if t.instance_id == "aiohttp__f0d74880deec"]
+    lines = []
+    with pytest.raises(UserError, match="no guarded grade yet"):
+        usable_tasks([task], [], skip=False, log=lines.append)
+    assert any("R2E-Gym's held-out tests" in line for line in lines)
