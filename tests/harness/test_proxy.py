@@ -18,27 +18,13 @@ from harness.proxy import ProxyServer
 from harness.store import TraceStore, read_shard
 from harness.tiny_model import ensure_tiny_model
 from sao.config import load_config
+from tests.support.proxy import Spy
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = [{"type": "function", "function": {
     "name": "terminal", "description": "Run a bash command.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 SYSTEM = {"role": "system", "content": "You are a coding agent. Fix the bug."}
-
-
-class Spy:
-    """Wraps an engine; records (prompt ids, result) of every generate call."""
-
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
-
-    def generate(self, prompt_ids, sampling, timeout=None):
-        res = self.inner.generate(prompt_ids, sampling, timeout)
-        self.calls.append((list(prompt_ids), res))
-        return res
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 @pytest.fixture(scope="module")

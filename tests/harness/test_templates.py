@@ -16,9 +16,6 @@ equal the engine's (fp32, max error <= 1e-3).
 """
 import json
 import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
@@ -32,7 +29,8 @@ from harness.proxy import ProxyServer, TemplateError
 from harness.proxy.template import ChatTemplate
 from harness.store import TraceStore, read_shard
 from sao.config import load_config
-from tests.harness.template_families import FAMILIES, REPO, TEMPLATES
+from tests.harness.template_families import FAMILIES, TEMPLATES
+from tests.support.proxy import Spy, start_sao_serve
 from trainer.batch import build_batch
 from trainer.models import policy_token_logprobs
 
@@ -79,19 +77,6 @@ def follow_ups(kind, reply, turn) -> list[dict]:
         ids = [c.id for c in reply.tool_calls or []] or ["call_x1", "call_x2"]
         return [{"role": "tool", "tool_call_id": i, "content": f"output {turn}.{k}"} for k, i in enumerate(ids)]
     return [{"role": "user", "content": NUDGE}] if kind == "nudge" else []
-
-
-class Spy:
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
-
-    def generate(self, prompt_ids, sampling, timeout=None):
-        res = self.inner.generate(prompt_ids, sampling, timeout)
-        self.calls.append((list(prompt_ids), res))
-        return res
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def run_episode(url, episode):
@@ -227,26 +212,9 @@ def test_published_templates_pick_their_parsers():
 def test_sao_serve_runs_a_qwen3_episode(tmp_path):
     """`sao serve` on a model directory that carries the Qwen3 template: a 6-turn episode, no error, no break."""
     path = FAMILIES["qwen3"].model_dir()
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "sao.cli", "serve", "--port", str(port), "--model", str(path),
-                             f"run.root={tmp_path}", "run.name=qwen3", "sampling.max_tokens=8"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_sao_serve("--model", str(path), f"run.root={tmp_path}", "run.name=qwen3",
+                                 "sampling.max_tokens=8")
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"sao serve did not come up: {proc.communicate()[0]}")
-            time.sleep(0.2)
         run_episode(base + "/v1", "q3")
         closed = httpx.post(f"{base}/episodes/q3/close", timeout=30).json()
         assert closed["status"] == "ok" and closed["turns"] == len(SCRIPT) and closed["breaks"] == []

@@ -1,9 +1,7 @@
 """`sao serve` as a process: OpenAI client in, traces in the run's store out, clean shutdown."""
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -12,19 +10,14 @@ from openai import OpenAI
 
 from harness.store import TraceStore, read_shard
 from harness.tiny_model import ensure_tiny_model
+from tests.support.proxy import start_sao_serve
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def sao(*args, **kw):
+def sao(*args):
     return subprocess.Popen([sys.executable, "-m", "sao.cli", "serve", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -32,21 +25,8 @@ def served(tmp_path_factory):
     cache = REPO / ".cache" / "sao"
     ensure_tiny_model(cache, 0)
     root = tmp_path_factory.mktemp("runs")
-    port = free_port()
-    proc = sao("--port", str(port), f"model.cache_dir={cache}", f"run.root={root}", "run.name=serve-test",
-               "sampling.max_tokens=6")
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"sao serve did not come up: {proc.communicate()[0]}")
-        time.sleep(0.2)
+    proc, base = start_sao_serve(f"model.cache_dir={cache}", f"run.root={root}", "run.name=serve-test",
+                                 "sampling.max_tokens=6")
     yield proc, base, root / "serve-test"
     if proc.poll() is None:
         proc.kill()
