@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import math
@@ -111,6 +112,7 @@ def open_sync_group(host: str, port: int, rank: int, world_size: int, timeout_s:
 def _layerwise_reload():
     """vLLM's layerwise reload functions, or None (a model loaded without them: plain ``load_weights``)."""
     try:
+        # lazy: vLLM is optional (its own venv); a build without layerwise reload lacks this module
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
     except ImportError:
         return None
@@ -166,8 +168,6 @@ class SaoWorkerExtension:
         return rank
 
     def _sao_context(self):
-        import contextlib
-
         config = getattr(self, "vllm_config", None)
         if config is None:
             return contextlib.nullcontext()
@@ -286,7 +286,7 @@ def _model_type(model_path: str) -> str | None:
 
 def _is_cpu(vllm) -> bool:
     try:
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # lazy: vLLM is optional (its own venv)
     except ImportError:  # the fake vllm of tests/harness: a GPU build
         return False
     return bool(current_platform.is_cpu())

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from core.files import atomic_dir
+from harness.tiny_model import ensure_tiny_model
 
 RECIPE_VERSION = 2
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -74,8 +75,6 @@ def build_test_model(out_dir: str | Path, family: Literal["dense", "moe"], seed:
 
 def ensure_test_model(cache_dir: str | Path, family: Literal["dense", "moe"] = "dense", seed: int = 0) -> Path:
     """The ``family`` test model for ``seed`` under ``cache_dir``, built once (concurrent callers wait)."""
-    from harness.tiny_model import ensure_tiny_model
-
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     target = cache_dir / f"vllm-test-qwen3{'moe' if family == 'moe' else ''}-hd32-s{seed}-{recipe(family, seed)}"
