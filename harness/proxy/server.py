@@ -29,10 +29,9 @@ from starlette.concurrency import run_in_threadpool
 
 from core.errors import UserError
 from harness.config import TOKEN_ENV, context_budget
-from harness.engines import SamplingParams, sampling_from_config
 from harness.proxy.messages import ProxyError
 from harness.proxy.parsers import parsers_from_config
-from harness.proxy.session import Session
+from harness.proxy.session import Session, SessionSetup, request_sampling
 from harness.proxy.template import template_from_config
 from harness.trace import Trajectory
 
@@ -127,6 +126,11 @@ class ProxyServer:
         self._server = None
         self._thread: threading.Thread | None = None
         self.base_url: str | None = None
+        self.setup = SessionSetup(
+            engine=engine, template=self.template, tool_parser=self.tool_parser,
+            reasoning_parser=self.reasoning_parser, model_name=self.model_name, tokenizer_path=self.tokenizer_path,
+            context_budget=self.context_budget, context_budget_source=self.context_budget_source,
+            full_history_check=self.full_history_check, sampling=lambda body: request_sampling(cfg, body))
         self.app = self._build_app()
 
     # sessions
@@ -134,7 +138,7 @@ class ProxyServer:
         with self._lock:
             s = self.sessions.get(episode_id)
             if s is None:
-                s = self.sessions[episode_id] = Session(self, episode_id, task_id)
+                s = self.sessions[episode_id] = Session(self.setup, episode_id, task_id)
             return s
 
     def close_episode(self, episode_id: str) -> Trajectory:
@@ -159,31 +163,6 @@ class ProxyServer:
             else:
                 out.append(self.close_and_store(eid))
         return out
-
-    def request_sampling(self, body: dict) -> SamplingParams:
-        """The request's sampling parameters, ``cfg.sampling`` for those it leaves out."""
-        if body.get("stream"):
-            raise ProxyError(400, "stream=true is not supported by this proxy")
-        if body.get("n", 1) not in (1, None):
-            raise ProxyError(400, "only n=1 is supported")
-        stop = body.get("stop")
-        if isinstance(stop, str):
-            stop = (stop,)
-        elif stop is None:
-            stop = ()
-        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-            stop = tuple(s for s in stop if s)
-        else:
-            raise ProxyError(400, "'stop' must be a string or a list of strings")
-        top_k = body.get("top_k")
-        try:
-            return sampling_from_config(
-                self.cfg, temperature=body.get("temperature"), top_p=body.get("top_p"),
-                top_k=0 if top_k == -1 else top_k,
-                max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
-                stop=stop, seed=body.get("seed"))
-        except (ValueError, TypeError) as e:
-            raise ProxyError(400, f"bad sampling parameter: {e}") from None
 
     # HTTP
     async def _read_body(self, request: Request) -> bytes:

@@ -22,26 +22,66 @@ import json
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from harness.engines import EngineTimeout, GenerateResult, SamplingParams
+from harness.engines import EngineTimeout, GenerateResult, SamplingParams, sampling_from_config
 from harness.engines.protocol import find_stop
 from harness.proxy.messages import ProxyError, is_produced, message_key, normalize_message
 from harness.proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, no_tool_parser
-from harness.proxy.template import drift_report
+from harness.proxy.template import ChatTemplate, drift_report
 from harness.trace import Segment, Trajectory
 
-if TYPE_CHECKING:
-    from harness.proxy.server import ProxyServer
-
 _STATUS_RANK = {"ok": 0, "truncated_context": 1, "infra_error": 2}
+
+
+def request_sampling(cfg, body: dict) -> SamplingParams:
+    """The request's sampling parameters, ``cfg.sampling`` for those it leaves out."""
+    if body.get("stream"):
+        raise ProxyError(400, "stream=true is not supported by this proxy")
+    if body.get("n", 1) not in (1, None):
+        raise ProxyError(400, "only n=1 is supported")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = (stop,)
+    elif stop is None:
+        stop = ()
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stop = tuple(s for s in stop if s)
+    else:
+        raise ProxyError(400, "'stop' must be a string or a list of strings")
+    top_k = body.get("top_k")
+    try:
+        return sampling_from_config(
+            cfg, temperature=body.get("temperature"), top_p=body.get("top_p"),
+            top_k=0 if top_k == -1 else top_k,
+            max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
+            stop=stop, seed=body.get("seed"))
+    except (ValueError, TypeError) as e:
+        raise ProxyError(400, f"bad sampling parameter: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionSetup:
+    """What every session of one proxy shares: the engine, the template and parsers, the limits."""
+
+    engine: Any  # harness.engines.Engine
+    template: ChatTemplate
+    tool_parser: Any  # harness.proxy.parsers: messages text -> (content, tool calls)
+    reasoning_parser: Any  # or None
+    model_name: str
+    tokenizer_path: str
+    context_budget: int
+    context_budget_source: str
+    full_history_check: bool  # see Session._extends
+    sampling: Callable[[dict], SamplingParams]  # request body -> its sampling parameters (request_sampling)
 
 
 class Session:
     """One episode's token sequence and trace. ``complete`` is one turn; calls are serialized."""
 
-    def __init__(self, proxy: ProxyServer, episode_id: str, task_id: str | None):
-        self.proxy, self.episode_id, self.task_id = proxy, episode_id, task_id or episode_id
+    def __init__(self, setup: SessionSetup, episode_id: str, task_id: str | None):
+        self.setup, self.episode_id, self.task_id = setup, episode_id, task_id or episode_id
         self.lock = threading.Lock()
         self.segments: list[Segment] = []
         self.n_tokens = 0  # over all sequences
@@ -78,7 +118,7 @@ class Session:
     def _complete(self, body: dict) -> dict:
         t0, c0 = time.perf_counter(), time.thread_time()
         messages, tools, tools_key = _request_messages(body)
-        sp = self.proxy.request_sampling(body)
+        sp = self.setup.sampling(body)
         cont = self._extends(messages, tools_key)
         seen = len(self.history) if cont else 0
         new = [normalize_message(m, i) for i, m in enumerate(messages[seen:], start=seen)]
@@ -113,7 +153,7 @@ class Session:
         n = len(self.history)
         if not self.seq or tools_key != self.tools_key or len(messages) < n:
             return False
-        check = range(n) if self.proxy.full_history_check else sorted({0, max(n - 2, 0), n - 1})
+        check = range(n) if self.setup.full_history_check else sorted({0, max(n - 2, 0), n - 1})
         for i in check:
             kind, want = self.history[i]
             got = messages[i]
@@ -127,8 +167,8 @@ class Session:
     def _observation(self, new: list[dict], tools: list | None, tools_key: str | None, cont: bool) -> list[int]:
         """The observation ids: what the template puts after the last reply (the turn end it owes, ``new``,
         the generation prompt), or for a new sequence a full render of ``new``."""
-        tpl = self.proxy.template
-        if tools and self.proxy.tool_parser is None:
+        tpl = self.setup.template
+        if tools and self.setup.tool_parser is None:
             raise no_tool_parser()
         if cont:
             return tpl.encode(tpl.after_reply(self.system, new, tools, self.last_reply, self.last_calls))
@@ -137,7 +177,7 @@ class Session:
     def _budget(self, prompt: list[int], mark: int, sp: SamplingParams) -> tuple[SamplingParams, bool]:
         """Clip ``max_tokens`` to the context budget left: ``(sampling to run, clipped?)``. A prompt
         already over the budget marks the episode ``truncated_context``: 400 ``context_length_exceeded``."""
-        budget = self.proxy.context_budget
+        budget = self.setup.context_budget
         left = budget - len(prompt)
         if left <= 0:
             n_prompt = len(prompt)
@@ -145,7 +185,7 @@ class Session:
             self._set_status("truncated_context")
             self.errors.append(f"turn {self.turns + 1}: prompt of {n_prompt} tokens over the budget {budget}")
             raise ProxyError(400, f"context_length_exceeded: prompt is {n_prompt} tokens, "
-                                  f"the context budget ({self.proxy.context_budget_source}) is "
+                                  f"the context budget ({self.setup.context_budget_source}) is "
                                   f"{budget}: episode {self.episode_id} marked truncated_context",
                              "invalid_request_error", "context_length_exceeded")
         return dataclasses.replace(sp, max_tokens=min(sp.max_tokens, left)), sp.max_tokens > left
@@ -155,7 +195,7 @@ class Session:
         episode ``infra_error``: 504 on a timeout, else 503."""
         t1, c1 = time.perf_counter(), time.thread_time()
         try:
-            res = self.proxy.engine.generate(prompt, sp)
+            res = self.setup.engine.generate(prompt, sp)
         except Exception as e:
             del prompt[mark:]
             self._set_status("infra_error")
@@ -178,7 +218,7 @@ class Session:
         self.segments.append(Segment("action", list(res.token_ids), list(res.logprobs), list(res.versions)))
         self.n_tokens += len(obs) + len(res.token_ids)
         self.seq.extend(res.token_ids)
-        self.owed = self.proxy.template.owed_turn_end(res.token_ids)
+        self.owed = self.setup.template.owed_turn_end(res.token_ids)
         self.last_reply = list(res.token_ids[-1:])
         if res.finish_reason == "length" and clipped:
             self._set_status("truncated_context")
@@ -186,17 +226,17 @@ class Session:
     def _reply(self, res: GenerateResult, sp: SamplingParams, tools: list | None) -> dict:
         """The assistant message: the text (cut at the stop string), its reasoning split out by
         ``proxy.reasoning_parser``; with ``tools``, the calls ``proxy.tool_parser`` reads (harness.proxy.parsers)."""
-        tpl = self.proxy.template
+        tpl = self.setup.template
         reply_ids = res.token_ids[:-1] if res.token_ids and res.token_ids[-1] in tpl.eos_ids else res.token_ids
         text = tpl.decode(reply_ids)
         if res.stop_str is not None and (hit := find_stop(text, sp.stop)) is not None:
             text = text[:hit[0]]
         reasoning = None
-        if self.proxy.reasoning_parser:
-            reasoning, text = REASONING_PARSERS[self.proxy.reasoning_parser](text)
+        if self.setup.reasoning_parser:
+            reasoning, text = REASONING_PARSERS[self.setup.reasoning_parser](text)
         content, calls = text, None
         if tools:
-            content, calls, attempted = TOOL_PARSERS[self.proxy.tool_parser](text, tools)
+            content, calls, attempted = TOOL_PARSERS[self.setup.tool_parser](text, tools)
             if calls is None and attempted:
                 self.tool_parse_errors += 1
         message = {"role": "assistant", "content": content}
@@ -221,7 +261,7 @@ class Session:
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         self.completion_ids.append(cid)
         return {
-            "id": cid, "object": "chat.completion", "created": int(time.time()), "model": self.proxy.model_name,
+            "id": cid, "object": "chat.completion", "created": int(time.time()), "model": self.setup.model_name,
             "choices": [{"index": 0, "message": message, "logprobs": None,
                          "finish_reason": "tool_calls" if "tool_calls" in message else res.finish_reason}],
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(res.token_ids),
@@ -232,13 +272,13 @@ class Session:
     def trajectory(self) -> Trajectory:
         """The episode so far as a trace (reward None: grading happens elsewhere), with a drift report."""
         with self.lock:
-            tpl = self.proxy.template
+            tpl = self.setup.template
             meta: dict[str, Any] = {
-                "episode_id": self.episode_id, "model": self.proxy.model_name,
-                "tokenizer": self.proxy.tokenizer_path, "engine": self.proxy.engine.kind,
+                "episode_id": self.episode_id, "model": self.setup.model_name,
+                "tokenizer": self.setup.tokenizer_path, "engine": self.setup.engine.kind,
                 "sampling": self.sampling[0] if self.sampling else None,
                 "completion_ids": list(self.completion_ids), "errors": list(self.errors),
-                "tool_parse_errors": self.tool_parse_errors, "context_budget": self.proxy.context_budget,
+                "tool_parse_errors": self.tool_parse_errors, "context_budget": self.setup.context_budget,
             }
             if any(s != self.sampling[0] for s in self.sampling):
                 meta["sampling_per_turn"] = list(self.sampling)
