@@ -50,8 +50,9 @@ class LearnConfig(Section):
                          "eval.temperature); resolved@1 is their mean")
     minutes: float = Field(8.0, gt=0, description="wall-clock training budget of each RL run (trainer.max_minutes)")
     value_episodes: int = Field(8, ge=0, description="sao arm: episodes per training task sampled from the warm "
-                                "start for value pretraining (`sao value-pretrain`) before its RL; their wall time "
-                                "counts against the arm's learn.minutes; 0 = the critic starts from the warm start")
+                                "start for value pretraining (`sao value-pretrain`), a stage of its own before the "
+                                "arms, timed and reported beside them (every arm gets learn.minutes of RL); 0 = the "
+                                "critic starts from the warm start")
     arms: list[Literal["sao", "grpo+dis", "grpo"]] = Field(list(ARMS), description="the RL runs, each from the "
                                                           "same warm start: sao = the trainer section as configured; "
                                                           "grpo+dis / grpo = sync groups, GRPO advantages, DIS / "

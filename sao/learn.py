@@ -5,15 +5,19 @@ as its own ``sao`` process on one written config (``learn.yaml``), every episode
 the OpenHands agent, a Docker sandbox and the guarded grader:
 1. ``expert/``: ``sao rollout engine.kind=expert`` on ``learn.train_tasks`` -> resolved traces;
 2. ``warm_start/``: ``sao sft`` on them (TRL) -> the warm start, a model directory;
-3. ``<arm>/``: for each of ``learn.arms``, ``sao train`` from the warm start for ``learn.minutes`` of
-   wall time (``trainer.max_minutes``): ``sao`` = the trainer section as configured, ``grpo-dis`` /
-   ``grpo`` = sync groups of ``trainer.group_size``, GRPO advantages, DIS / the PPO clip. The sao arm
-   first pretrains its critic (``sao-value/``: ``learn.value_episodes`` warm-start episodes per task,
-   then ``sao value-pretrain``); that time is taken out of its ``learn.minutes``;
-4. ``eval/<policy>/s<i>``: the warm start and each arm's last checkpoint, ``learn.samples`` times
+3. ``sao-value/`` (when the sao arm runs): value pretraining, a stage of its own before the arms:
+   ``learn.value_episodes`` warm-start episodes per training task, then ``sao value-pretrain``; timed
+   and reported beside the arms (its cost is part of SAO's: the report's "before RL" column);
+4. ``<arm>/``: for each of ``learn.arms``, ``sao train`` from the warm start for the same
+   ``learn.minutes`` of RL wall time (``trainer.max_minutes``): ``sao`` = the trainer section as
+   configured (its critic from step 3), ``grpo-dis`` / ``grpo`` = sync groups of ``trainer.group_size``,
+   GRPO advantages, DIS / the PPO clip;
+5. ``eval/<policy>/s<i>``: the warm start and each arm's last checkpoint, ``learn.samples`` times
    (``run.seed`` = i) on the training and the held-out tasks at ``eval.temperature``;
    resolved@1 = mean over (task, sample) of the guarded verdict; infra failures are left out and counted;
-5. ``report/``: ``learn.{json,md,html,png}`` (``sao.learn_report``); the last line printed is
+6. ``report/``: ``learn.{json,md,html,png}`` (``sao.learn_report``: with what the machine-dependent
+   budgets gave here: SFT steps, value-pretraining episodes and steps, each arm's RL steps and
+   trajectories); the last line printed is
    ``learn: sao A% -> B%, grpo+dis C% -> D%, grpo E% -> F% (resolved@1, T=1, training tasks)``.
 Returns 0 when every stage ran, 1 otherwise (the report then names the failed stages).
 """
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from eval.paths import JsonlLog
 from sao.config import dump_config
-from sao.learn_report import write_report
+from sao.learn_report import VALUE_DIR, VALUE_STAGES, write_report
 from tasks.grade import INFRA
 
 ARM_DIRS = {"sao": "sao", "grpo+dis": "grpo-dis", "grpo": "grpo"}
@@ -36,7 +40,6 @@ ARM_OVERRIDES = {
     "grpo": ["trainer.mode=sync", "trainer.advantage=grpo", "trainer.policy_loss=ppo"],
 }
 WARM = "warm start"
-VALUE_DIR = "sao-value"
 
 
 def _list(items: list[str]) -> str:
@@ -104,9 +107,9 @@ def value_pretrain(stages: Stages, at, warm: Path, train_only: str, episodes: in
     the arm's critic from it; [] with ``episodes`` = 0; None when a stage failed."""
     if episodes == 0:
         return []
-    ok = (stages.run("sao value data", ["rollout", *at(VALUE_DIR), f"model.path={warm}", train_only,
+    ok = (stages.run(VALUE_STAGES[0], ["rollout", *at(VALUE_DIR), f"model.path={warm}", train_only,
                                         f"rollout.episodes_per_task={episodes}"])
-          and stages.run("sao value pretrain", ["value-pretrain", *at(VALUE_DIR), f"model.path={warm}"]))
+          and stages.run(VALUE_STAGES[1], ["value-pretrain", *at(VALUE_DIR), f"model.path={warm}"]))
     critic = stages.config.parent / VALUE_DIR / "value_pretrain" / "critic"
     return [f"trainer.value_pretrain_checkpoint={critic}"] if ok else None
 
@@ -147,16 +150,14 @@ def run_learn(cfg, log=print) -> int:
                                             f"sft.out_dir={warm}"]))
     if ok:
         evals[WARM] = evaluate(WARM, "sft", str(warm))
+        critic = value_pretrain(stages, at, warm, train_only, lc.value_episodes) if "sao" in lc.arms else []
         for arm in lc.arms:
             stage = ARM_DIRS[arm]
-            t_arm = time.monotonic()
-            critic = value_pretrain(stages, at, warm, train_only, lc.value_episodes) if arm == "sao" else []
-            if critic is None:
-                continue
-            minutes = lc.minutes - (time.monotonic() - t_arm) / 60
+            if arm == "sao" and critic is None:
+                continue  # its value pretraining failed: the report names the stage
             trained = stages.run(f"train {arm}", ["train", *at(stage), f"model.path={warm}", train_only,
-                                                  f"trainer.max_minutes={max(minutes, 0.1):.2f}",
-                                                  *critic, *ARM_OVERRIDES[arm]])
+                                                  f"trainer.max_minutes={lc.minutes:g}",  # every arm: the same RL time
+                                                  *(critic if arm == "sao" else []), *ARM_OVERRIDES[arm]])
             if trained:
                 evals[arm] = evaluate(arm, stage, "latest")
     for policy, dirs in evals.items():

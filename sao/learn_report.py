@@ -1,8 +1,11 @@
 """The report of `sao learn`: ``learn.json``, ``learn.md``, ``learn.png`` and ``learn.html``.
 
 Table: per policy (warm start, then each RL arm) resolved@1 on the training and the held-out tasks
-(resolved / graded), and for the arms their steps, trajectories and the training episodes' reward
-first5 -> last5 (``trainer.compare.summarize``). Curves of each arm against minutes of training:
+(resolved / graded), and for the arms what ran before their RL (the sao arm's value pretraining: its
+wall time, episodes and steps; a cost of SAO's, outside the equal RL time), their steps, trajectories
+and the training episodes' reward first5 -> last5 (``trainer.compare.summarize``). ``budgets`` says
+what the machine-dependent budgets gave on this machine (SFT steps, value pretraining, RL steps).
+Curves of each arm against minutes of training:
 training episodes resolved (``rollout/reward_mean``: the reward is the guarded verdict), explained
 variance, DIS-masked fraction, entropy; and a panel of resolved@1 before -> after.
 """
@@ -25,6 +28,8 @@ CURVES = [("rollout/reward_mean", "training episodes resolved (reward)", 1.0),
           ("policy/dis_masked", "DIS-masked tokens (%)", 100.0),
           ("policy/entropy", "policy entropy (nats/token)", 1.0)]
 WINDOW = 5
+VALUE_DIR = "sao-value"  # the sao arm's value pretraining stages (sao.learn)
+VALUE_STAGES = ("sao value data", "sao value pretrain")
 
 
 def machine() -> str:
@@ -51,15 +56,41 @@ def arm_metrics(arms: list[str], arm_dirs: dict[str, Path]) -> dict[str, list[di
     return {arm: read_metrics(arm_dirs[arm]) if (arm_dirs[arm] / "metrics.jsonl").is_file() else [] for arm in arms}
 
 
-def rows(results: dict, runs: dict[str, list[dict]]) -> list[dict]:
-    """One row per evaluated policy (see the module doc); ``runs``: ``arm_metrics``."""
+def _summary(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def budgets(root: Path, seconds: dict[str, float]) -> dict:
+    """What the machine-dependent budgets gave here: SFT steps; the sao arm's value pretraining (wall
+    time of its two stages, the episodes it read, its steps); None where a stage did not run."""
+    sft = _summary(root / "sft" / "sft" / "summary.json")
+    vp = _summary(root / VALUE_DIR / "value_pretrain" / "summary.json")
+    value_s = [seconds[n] for n in VALUE_STAGES if n in seconds]
+    return {"sft_steps": sft.get("steps"),
+            "value_pretrain": None if not value_s else {
+                "seconds": round(sum(value_s), 1), "episodes": (vp.get("corpus") or {}).get("read"),
+                "steps": vp.get("steps")}}
+
+
+def _before_rl(policy: str, budget: dict) -> str:
+    vp = budget.get("value_pretrain")
+    if policy != "sao" or vp is None:
+        return "-"
+    return f"value pretraining {vp['seconds']:.0f} s ({vp['episodes'] or '?'} episodes, {vp['steps'] or '?'} steps)"
+
+
+def rows(results: dict, runs: dict[str, list[dict]], budget: dict | None = None) -> list[dict]:
+    """One row per evaluated policy (see the module doc); ``runs``: ``arm_metrics``; ``budget``: ``budgets``."""
     out = []
     for policy, r in results.items():
         row = {"policy": policy,
                "train": f"{_pct(r['train']['rate'])} ({r['train']['resolved']}/{r['train']['graded']})",
                "heldout": f"{_pct(r['heldout']['rate'])} ({r['heldout']['resolved']}/{r['heldout']['graded']})",
                "infra": r["train"]["infra_failures"] + r["heldout"]["infra_failures"],
-               "steps": "-", "trajectories": "-", "reward": "-"}
+               "before": _before_rl(policy, budget or {}), "steps": "-", "trajectories": "-", "reward": "-"}
         records = runs.get(policy)
         if records:
             s = summarize(policy, records)
@@ -72,7 +103,8 @@ def rows(results: dict, runs: dict[str, list[dict]]) -> list[dict]:
 
 
 COLUMNS = [("policy", "policy"), ("train", "resolved@1 train"), ("heldout", "resolved@1 held-out"),
-           ("infra", "infra failures"), ("steps", "RL steps"), ("trajectories", "trajectories trained"),
+           ("infra", "infra failures"), ("before", "before RL"), ("steps", "RL steps"),
+           ("trajectories", "trajectories trained"),
            ("reward", "train reward first5 -> last5")]
 
 
@@ -123,17 +155,20 @@ def write_report(out: Path, *, cfg, root: Path, results: dict, arms: list[str], 
     """Write the four files into ``out``; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     runs = arm_metrics(arms, arm_dirs)
-    table = rows(results, runs)
+    budget = budgets(root, seconds)
+    table = rows(results, runs, budget)
     lc = cfg.learn
     facts = {"dir": str(root), "machine": machine(), "wall_s": round(wall_s, 1), "headline": headline,
              "train_tasks": lc.train_tasks, "heldout_tasks": lc.heldout_tasks, "samples": lc.samples,
-             "minutes_per_arm": lc.minutes, "temperature": cfg.eval.temperature, "results": results, "table": table,
+             "minutes_per_arm": lc.minutes, "temperature": cfg.eval.temperature, "budgets": budget,
+             "results": results, "table": table,
              "stages": {n: {"status": s, "seconds": round(seconds[n], 1)} for n, s in stages.items()}}
     files = [out / "learn.json", out / "learn.md", out / "learn.png", out / "learn.html"]
     atomic_write_text(files[0], json.dumps(facts, indent=2) + "\n")
     summary = (f"{len(lc.train_tasks)} training and {len(lc.heldout_tasks)} held-out tasks, {lc.samples} "
-               f"sample(s) per task at T={cfg.eval.temperature:g}, {lc.minutes:g} min of RL per arm; "
-               f"{facts['machine']}; whole run {wall_s / 60:.1f} min")
+               f"sample(s) per task at T={cfg.eval.temperature:g}, {lc.minutes:g} min of RL per arm (every arm "
+               f"the same); SFT: {budget['sft_steps'] or '-'} steps; {facts['machine']}; whole run "
+               f"{wall_s / 60:.1f} min")
     atomic_write_text(files[1], f"# sao learn\n\n{headline}\n\n{summary}\n\n{markdown_table(table)}\n"
                                 f"![curves](learn.png)\n")
     if results:

@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from sao import learn
 from sao.config import load_config
 from sao.learn import ARM_OVERRIDES, WARM, eval_resolved, headline
 from sao.learn_report import write_report
@@ -77,15 +78,50 @@ def test_report_files(tmp_path, project_root):
     rate = {"resolved": 1, "graded": 4, "infra_failures": 0, "rate": 0.25}
     results = {WARM: {"train": rate, "heldout": rate}, "sao": {"train": {**rate, "resolved": 3, "rate": 0.75},
                                                                "heldout": rate}}
+    for path, summary in (("sft/sft", {"steps": 150}),
+                          ("sao-value/value_pretrain", {"steps": 40, "corpus": {"read": 64}})):
+        (tmp_path / path).mkdir(parents=True)
+        (tmp_path / path / "summary.json").write_text(json.dumps(summary))
+    seconds = {"sao value data": 200.0, "sao value pretrain": 44.0, "train sao": 60.0}
     files = write_report(tmp_path / "report", cfg=cfg, root=tmp_path, results=results, arms=["sao"],
-                         arm_dirs={"sao": arm}, stages={"train sao": "ok"}, seconds={"train sao": 60.0},
+                         arm_dirs={"sao": arm}, stages=dict.fromkeys(seconds, "ok"), seconds=seconds,
                          wall_s=600.0, headline="learn: ...")
     assert sorted(f.name for f in files) == ["learn.html", "learn.json", "learn.md", "learn.png"]
     md = (tmp_path / "report/learn.md").read_text()
-    assert "| sao | 75.0% (3/4) | 25.0% (1/4) | 0 | 7 | 56 | 0.30 -> 0.50 |" in md
+    assert ("| sao | 75.0% (3/4) | 25.0% (1/4) | 0 | value pretraining 244 s (64 episodes, 40 steps) | 7 | 56 | "
+            "0.30 -> 0.50 |") in md
+    assert "SFT: 150 steps" in md
     facts = json.loads((tmp_path / "report/learn.json").read_text())
     assert facts["results"]["sao"]["train"]["rate"] == 0.75 and facts["wall_s"] == 600.0
+    assert facts["budgets"] == {"sft_steps": 150, "value_pretrain": {"seconds": 244.0, "episodes": 64, "steps": 40}}
     assert (tmp_path / "report/learn.png").stat().st_size > 10_000
+
+
+def test_every_arm_gets_the_same_rl_time_and_value_pretraining_is_its_own_stage(tmp_path, project_root,
+                                                                                  monkeypatch):
+    """The sao arm's value pretraining runs as its own stages before every arm, and each arm's
+    `sao train` gets trainer.max_minutes = learn.minutes, whatever the value stages cost."""
+    ran, clock = [], [0.0]
+
+    def run(self, name, args):  # each stage takes 2 minutes of the (fake) clock
+        ran.append((name, args))
+        clock[0] += 120.0
+        return True
+
+    monkeypatch.setattr(learn.Stages, "run", run)
+    monkeypatch.setattr(learn.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(learn, "write_report", lambda *a, **k: [])
+    cfg = load_config(project_root / "configs/learn.yaml", [f"run.root={tmp_path}", "learn.minutes=3",
+                                                            "learn.samples=1"])
+    learn.run_learn(cfg, log=lambda *_: None)
+    names = [n for n, _ in ran]
+    trains = [(n, a) for n, a in ran if n.startswith("train ")]
+    assert [n for n, _ in trains] == [f"train {arm}" for arm in cfg.learn.arms]
+    assert names.index("sao value pretrain") < names.index("train sao") == names.index(trains[0][0])
+    for _, args in trains:
+        assert [a for a in args if a.startswith("trainer.max_minutes=")] == ["trainer.max_minutes=3"]
+    assert any(a.startswith("trainer.value_pretrain_checkpoint=") for a in dict(trains)["train sao"])
+    assert not any(a.startswith("trainer.value_pretrain_checkpoint=") for a in dict(trains)["train grpo"])
 
 
 @pytest.mark.slow
