@@ -7,6 +7,7 @@ CONFIG ?= configs/local.yaml
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 CONFIG_LEARN ?= configs/learn.yaml
+CONFIG_DEMO ?= configs/demo.yaml
 
 .PHONY: setup docker images test test-vllm test-fast lint demo learn rollout-swe train value-pretrain sft eval bench clean
 
@@ -34,8 +35,8 @@ lint: setup            ## ruff, then the one-way layers contract (import-linter)
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/lint-imports
 
-demo: setup docker     ## the main job on the embedded default: rollout, train, eval
-	@$(SAO) demo --config $(CONFIG)
+demo: setup docker     ## an agent getting better in ~10 min: the test-bed, then expert traces -> SFT -> SAO -> eval
+	@$(SAO) demo --config $(CONFIG_DEMO)
 
 learn: setup docker    ## the learning demo: expert traces -> SFT warm start -> SAO vs GRPO+DIS vs GRPO -> eval
 	@$(SAO) learn --config $(CONFIG_LEARN)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -33,11 +34,40 @@ class DockerConfig(Section):
                              "episode (container create/remove, grading). false: the host filesystem, the disk "
                              "watchdog alone")
     data_fs_size: str = Field("64g", description="size of that filesystem (sparse: it takes host disk as it fills)")
+    image_sources: list[str] = Field(["registry"], description="where a missing task image is fetched from, in "
+                                     "order (envs.pull): registry (docker pull), dir:/ABS/PATH (a directory of "
+                                     "`docker save` tarballs, `sao images save`), engine:URL (docker save from "
+                                     "another engine, e.g. engine:unix:///path/docker.sock, into docker load here)")
+    image_cache_bytes: str | None = Field(None, description="disk budget of the task images fetched here (sizes as "
+                                          "Docker reports them); past it the least recently used are removed (never "
+                                          "the base image, never one a container uses); null or 0 = no limit")
+    pull_concurrency: int = Field(4, gt=0, description="images fetched at once by `sao images pull`, per node")
+    pull_retries: int = Field(3, ge=0, description="retries of a failed fetch from a source (a source that lacks "
+                              "the image is skipped at once)")
+    pull_backoff_s: float = Field(2.0, ge=0, description="seconds before the first retry; doubled for each next one")
 
     @field_validator("data_fs_size")
     @classmethod
     def _size(cls, v: str) -> str:
         return _size_text(v)
+
+    @field_validator("image_cache_bytes", mode="before")
+    @classmethod
+    def _cache_size(cls, v):
+        return None if v is None else _size_text(str(v))  # a plain number of bytes is a size too
+
+    @field_validator("image_sources")
+    @classmethod
+    def _sources(cls, v: list[str]) -> list[str]:
+        for src in v:
+            kind, _, arg = src.partition(":")
+            if src == "registry" or (kind == "dir" and arg.startswith("/")) or (kind == "engine" and "://" in arg):
+                continue
+            raise ValueError(f"{src!r} is not an image source: registry, dir:/ABS/PATH or engine:URL "
+                             "(engine:unix:///path/docker.sock)")
+        if not v:
+            raise ValueError("is empty: name at least one source (registry, dir:/ABS/PATH, engine:URL)")
+        return v
 
 
 _MEM = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
@@ -80,6 +110,10 @@ class SandboxConfig(Section):
     disk_check_s: float = Field(0.5, gt=0, description="seconds between two disk-budget checks of the watchdog")
     max_patch_bytes: int = Field(10_000_000, gt=0, description="largest patch read back from the sandbox; a "
                                  "bigger one ends the episode as patch_too_large with reward 0")
+    scrub_history: Literal["auto", "always", "never"] = Field(
+        "auto", description="delete the repository's history after the task's base commit (refs, reflogs, objects) "
+        "when a sandbox starts, before the agent (envs.scrub): auto = unless the image is the project's verified "
+        "build of a bundled task (tasks.scrub); always; never")
 
     @field_validator("memory", "tmpfs_size", "shm_size", "disk_bytes")
     @classmethod

@@ -13,6 +13,10 @@ Contract:
   ``<state_dir>/btrfs``, a btrfs filesystem in ``<state_dir>/data.btrfs`` (``envs.datafs``), and it
   runs the ``btrfs`` storage driver, so every container's disk can be capped hard
   (``envs.limits.hard_disk_cap``); otherwise (or when that mount cannot be made) ``<state_dir>/data``.
+- Everything of a project engine hangs off its ``state_dir`` (its dockerd starts its own containerd
+  under the exec root), so ``start_project_engine(DockerConfig(state_dir=D))`` runs another engine
+  beside it, untouched by and not touching the first; ``stop_project_engine`` with the same config
+  stops it (the two-engine test of ``tests/envs/test_images_pull.py``).
 """
 from __future__ import annotations
 

@@ -34,12 +34,17 @@ def cmd_agent_eval(args) -> int:
         cfg.eval.gold_preflight = True
     if getattr(args, "instances", None):
         cfg.eval.instances = list(dict.fromkeys(args.instances))
+    from eval.grading import resolved_line  # lazy: keep sao --help fast
     from eval.run import run_eval  # lazy: keep sao --help fast
 
     out = run_eval(cfg, log=lambda msg: print(msg, flush=True))
     r = out.report
     for kind, path in out.files.items():
         print(f"{kind}: {path}")
+    if len(r.get("by_dataset") or {}) > 1:  # a mixed source: each dataset's rates
+        for name, d in r["by_dataset"].items():
+            print(f"dataset {name} ({', '.join(d['formats'])}): "
+                  + resolved_line(d["resolved"], d["resolved_official"], d["total"]))
     if r["hacking_attempts"]:
         print(f"hacking attempts (test changes stripped before grading): "
               f"{', '.join(f'{k} ({v})' for k, v in r['hacking_attempts'].items())}")

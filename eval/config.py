@@ -17,7 +17,7 @@ class EvalConfig(Section):
     """`sao eval`: the policy, the dataset, the evaluation sampling and the grading."""
 
     dataset: str = Field("bundled", description="`bundled`, SWE-bench/SWE-bench_Verified, or a local swebench "
-                         "5.x file / task repo")
+                         "5.x file / task repo; several, comma-separated: a mixed source, reported per dataset")
     split: str = Field("test", description="dataset split")
     instances: list[str] = Field([], description="evaluate only these instance ids (empty = the whole dataset)")
     checkpoint: str | None = Field(None, description="a trainer checkpoint dir (its policy/ subdir is loaded), a "

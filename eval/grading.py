@@ -5,12 +5,14 @@ with ``tasks.grade.grade`` (the official verdict, and the guarded one with test-
 ``eval.max_workers`` at a time, and calls ``on_result(i, n, result)`` as each one finishes.
 On top of it: ``grade_predictions`` (the resumable grading of `sao eval`, one line per verdict in
 ``grades.jsonl``), ``gold_preflight`` (the gold patches must resolve), ``swebench_report`` (swebench's
-own summary JSON) and ``resolved_line`` (the last line both commands print).
+own summary JSON), ``dataset_reports`` (one such summary per dataset of a mixed source, in
+``<out_dir>/datasets/<dataset>/``) and ``resolved_line`` (the last line both commands print).
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from core.errors import UserError
 from eval.paths import EvalPaths, JsonlLog, latest_by_instance, write_json
+from eval.report import dataset_of
 from tasks.grade import INFRA, LOG_ROOT, RESOLVED, GradeResult, grade, new_run_id
 
 
@@ -56,6 +59,29 @@ def swebench_report(preds: dict, tasks, run_id: str, *, log_root: Path, out_dir:
     quieted = contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
     with LOG_ROOT.use(log_root), quieted:
         return str(make_run_report(preds, [t.to_row() for t in tasks], run_id, None, str(out_dir)))
+
+
+def dataset_dir(dataset: str) -> str:
+    """A directory name for ``dataset`` (a source: a path, an owner/name id, ``bundled``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", dataset).strip("_.") or "dataset"
+
+
+def dataset_reports(preds: dict, tasks, run_id: str, *, log_root: Path, out_dir: Path, default: str) -> dict:
+    """{dataset: swebench's summary JSON of its instances}, written to ``<out_dir>/datasets/<dataset_dir>/``;
+    empty unless the tasks come from several datasets (one: the run's own summary says it all)."""
+    by: dict[str, list] = {}
+    for t in tasks:
+        by.setdefault(dataset_of(t, default), []).append(t)
+    if len(by) < 2:
+        return {}
+    names = [dataset_dir(d) for d in by]
+    out = {}
+    for (dataset, ts), name in zip(by.items(), names):
+        name = name if names.count(name) == 1 else f"{name}-{list(by).index(dataset)}"  # two sources, one name
+        mine = {t.instance_id: preds[t.instance_id] for t in ts if t.instance_id in preds}
+        out[dataset] = swebench_report(mine, ts, run_id, log_root=log_root, out_dir=Path(out_dir) / "datasets" / name,
+                                       quiet=True) if mine else None
+    return out
 
 
 # --- `sao eval`: resumable grading, the gold preflight ---------------------------------------

@@ -3,9 +3,12 @@
 ``write_report(eval_dir, tasks=, preds=, grades=, episodes=, manifest=, swebench_summary=, seconds=)
 -> (report, files)``. swebench's own summary JSON (``<model>.<run_id>.json``) is left untouched and
 referenced. ``report.json`` holds the guarded verdict next to the official one, hacking attempts,
-infra failures (no verdict, never a 0), per-repository and per-difficulty tallies and one row per
-instance (resolved, turns, tokens, status, time). Rates are over every instance of the evaluation
-set (an instance without a verdict counts as not resolved, as in swebench's summary).
+infra failures (no verdict, never a 0), per-repository, per-difficulty and per-dataset tallies and
+one row per instance (resolved, turns, tokens, status, time, dataset, format). Rates are over every
+instance of the evaluation set (an instance without a verdict counts as not resolved, as in
+swebench's summary). A mixed source (several datasets, ``tasks.loaders.source_parts``) also gets a
+"Per dataset" section: each dataset's resolved rates, formats and its own swebench summary JSON
+(``eval.grading.dataset_reports``).
 Plots (``plots/*.png``): turns per instance, tokens per instance, resolved by difficulty. The HTML
 embeds them as ``data:image/png;base64`` URIs and loads nothing from elsewhere.
 """
@@ -27,6 +30,11 @@ COLORS = {"resolved": "#2e9d5b", "unresolved": "#8a94a6", "empty": "#c9ced8", "p
 
 
 # --- rows ----------------------------------------------------------------------------------
+def dataset_of(task, default: str) -> str:
+    """The dataset a task belongs to: the part of a mixed source it came from (``default``: the source)."""
+    return getattr(task, "source", None) or default
+
+
 def verdict_of(pred, grade, episode) -> str:
     """resolved | unresolved | empty | patch_does_not_apply | infra_failure | not run."""
     if pred is None:
@@ -36,7 +44,7 @@ def verdict_of(pred, grade, episode) -> str:
     return grade.get("status", "not graded")
 
 
-def instance_rows(tasks, preds, grades, episodes) -> list[dict]:
+def instance_rows(tasks, preds, grades, episodes, dataset: str | None = None) -> list[dict]:
     rows = []
     for t in tasks:
         iid = t.instance_id
@@ -44,6 +52,7 @@ def instance_rows(tasks, preds, grades, episodes) -> list[dict]:
         verdict = verdict_of(p, g, e or None)
         rows.append({
             "instance_id": iid, "repo": t.repo, "difficulty": t.difficulty or "unknown",
+            "dataset": dataset_of(t, dataset or "unknown"), "format": getattr(t, "adapter", None) or "unknown",
             "resolved": bool(g and g.get("resolved_guarded")),
             "resolved_official": bool(g and g.get("resolved_official")),
             "verdict": verdict, "official_verdict": (g or {}).get("official_status", verdict),
@@ -77,8 +86,18 @@ def _difficulty_key(d: str) -> tuple:
     return (DIFFICULTY_ORDER.index(d) if d in DIFFICULTY_ORDER else len(DIFFICULTY_ORDER), d)
 
 
-def build_report(*, tasks, preds, grades, episodes, manifest, swebench_summary, seconds) -> dict:
-    rows = instance_rows(tasks, preds, grades, episodes)
+def _by_dataset(rows, reports: dict) -> dict:
+    """Per dataset: the tally, its formats and its swebench summary (``reports``; None for a single dataset)."""
+    out = _tally(rows, "dataset")
+    for name, d in out.items():
+        d["formats"] = sorted({r["format"] for r in rows if r["dataset"] == name})
+        d["swebench_report"] = reports.get(name)
+    return out
+
+
+def build_report(*, tasks, preds, grades, episodes, manifest, swebench_summary, seconds,
+                 dataset_reports: dict | None = None) -> dict:
+    rows = instance_rows(tasks, preds, grades, episodes, manifest.get("dataset"))
     n = len(rows)
     res, off = sum(r["resolved"] for r in rows), sum(r["resolved_official"] for r in rows)
     infra = {r["instance_id"]: r["error"] or r["verdict"] for r in rows
@@ -106,6 +125,7 @@ def build_report(*, tasks, preds, grades, episodes, manifest, swebench_summary, 
         "total_tokens": sum(r["tokens"] for r in rows),
         "by_repo": dict(sorted(_tally(rows, "repo").items())),
         "by_difficulty": dict(sorted(by_diff.items(), key=lambda kv: _difficulty_key(kv[0]))),
+        "by_dataset": _by_dataset(rows, dataset_reports or {}),
         "instances": rows,
     }
 
@@ -196,6 +216,18 @@ def _repo_table(report) -> list[list[str]]:
 
 
 REPO_HEADER = ["repository", "instances", "resolved", "rate", "resolved (official)", "infra failures"]
+DATASET_HEADER = ["dataset", "format", "instances", "resolved", "rate", "resolved (official)", "rate (official)",
+                  "infra failures", "swebench summary"]
+
+
+def _dataset_table(report) -> list[list[str]]:
+    """The per-dataset rows; [] unless the evaluation set mixes datasets."""
+    by = report.get("by_dataset") or {}
+    if len(by) < 2:
+        return []
+    return [[name, ", ".join(d["formats"]), str(d["total"]), str(d["resolved"]), _pct(d["rate"]),
+             str(d["resolved_official"]), _pct(d["rate_official"]), str(d["infra_failures"]),
+             str(d["swebench_report"])] for name, d in by.items()]
 ROW_HEADER = ["instance", "repo", "difficulty", "verdict", "official", "hacking", "turns", "tokens", "episode",
               "time (s)"]
 
@@ -233,6 +265,8 @@ def render_md(report: dict, plots: dict[str, Path], eval_dir: Path) -> str:
 
     lines = [f"# Evaluation {report['name']}", ""]
     lines += [f"- **{k}**: {v}" for k, v in _headline(report)]
+    if datasets := _dataset_table(report):
+        lines += ["", "## Per dataset", "", table(DATASET_HEADER, datasets)]
     lines += ["", "## Per repository", "", table(REPO_HEADER, _repo_table(report)), "", "## Plots", ""]
     for name, path in plots.items():
         lines.append(f"![{name}]({path.relative_to(eval_dir).as_posix()})")
@@ -271,13 +305,15 @@ def render_html(report: dict, plots: dict[str, Path]) -> str:
         imgs.append(f'<img alt="{e(name)}" src="data:image/png;base64,{data}">')
     headline = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _headline(report))
     rows = report["instances"]
+    datasets = _dataset_table(report)
+    per_dataset = f"<h2>Per dataset</h2>\n{table(DATASET_HEADER, datasets)}\n" if datasets else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Evaluation {e(str(report['name']))}</title>
 <style>{CSS}</style></head><body>
 <h1>Evaluation {e(str(report['name']))}</h1>
 <div class="big">{_pct(report['resolved_rate_guarded'])} resolved</div>
 <table>{headline}</table>
-<h2>Per repository</h2>
+{per_dataset}<h2>Per repository</h2>
 {table(REPO_HEADER, _repo_table(report))}
 <h2>Plots</h2>
 {''.join(imgs)}
@@ -288,11 +324,13 @@ def render_html(report: dict, plots: dict[str, Path]) -> str:
 """
 
 
-def write_report(eval_dir, *, tasks, preds, grades, episodes, manifest, swebench_summary, seconds=0.0):
-    """Write report.json / report.md / report.html / plots; return (report, {kind: path})."""
+def write_report(eval_dir, *, tasks, preds, grades, episodes, manifest, swebench_summary, seconds=0.0,
+                 dataset_reports: dict | None = None):
+    """Write report.json / report.md / report.html / plots; return (report, {kind: path}); each dataset's
+    swebench summary (``dataset_reports``, a mixed source) is named ``swebench[<dataset>]``."""
     eval_dir = Path(eval_dir)
     report = build_report(tasks=tasks, preds=preds, grades=grades, episodes=episodes, manifest=manifest,
-                          swebench_summary=swebench_summary, seconds=seconds)
+                          swebench_summary=swebench_summary, seconds=seconds, dataset_reports=dataset_reports)
     plots = make_plots(report, eval_dir / "plots")
     write_json(eval_dir / "report.json", report)
     (eval_dir / "report.md").write_text(render_md(report, plots, eval_dir))
@@ -301,6 +339,7 @@ def write_report(eval_dir, *, tasks, preds, grades, episodes, manifest, swebench
              "report.html": str(eval_dir / "report.html"), "plots": str(eval_dir / "plots")}
     if swebench_summary:
         files["swebench"] = swebench_summary
+    files |= {f"swebench[{name}]": path for name, path in (dataset_reports or {}).items() if path}
     return report, files
 
 

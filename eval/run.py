@@ -8,7 +8,9 @@
 2. runs the episodes into ``<run.dir>/eval/<name>/traces`` and appends one SWE-bench prediction per
    instance to ``predictions.jsonl`` as soon as its episode ends (``eval.predict``);
 3. grades each prediction (``eval.grading``: official + guarded verdicts), one line per instance in
-   ``grades.jsonl``; writes swebench's summary JSON and the report (``eval.report``).
+   ``grades.jsonl``; writes swebench's summary JSON and the report (``eval.report``); a mixed
+   ``eval.dataset`` (comma-separated sources) also gets one swebench summary per dataset
+   (``<eval dir>/datasets/<dataset>/``) and per-dataset resolved rates in the report.
 Resumable: an instance with a prediction is not run again, one with a verdict not graded again
 (``eval.paths``: whole lines or nothing). A directory evaluated with other settings is refused.
 """
@@ -23,6 +25,7 @@ from core.errors import UserError
 from core.runlock import lock_file
 from envs.engine import ensure_engine
 from eval.grading import (
+    dataset_reports,
     gold_preflight,
     grade_predictions,
     resolved_line,
@@ -154,7 +157,10 @@ def run_eval(cfg, *, instances: list[str] | None = None, gold: bool | None = Non
     grades = grade_predictions(cfg, tasks, preds, paths, run_id, client, log)
     chosen = {t.instance_id: preds[t.instance_id] for t in tasks if t.instance_id in preds}
     summary = swebench_report(chosen, tasks, run_id, log_root=paths.logs, out_dir=paths.dir, quiet=True)
+    per_dataset = dataset_reports(chosen, tasks, run_id, log_root=paths.logs, out_dir=paths.dir,
+                                  default=cfg.eval.dataset)
     episodes = latest_by_instance(JsonlLog(paths.episodes).read())
     report, files = write_report(paths.dir, tasks=tasks, preds=preds, grades=grades, episodes=episodes,
-                                 manifest=manifest, swebench_summary=summary, seconds=time.monotonic() - t0)
+                                 manifest=manifest, swebench_summary=summary, seconds=time.monotonic() - t0,
+                                 dataset_reports=per_dataset)
     return EvalOutcome(paths.dir, name, report, files)

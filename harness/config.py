@@ -21,6 +21,9 @@ class ModelConfig(Section):
     tiny_seed: int = Field(0, description="the tiny model's weights and tokenizer are a function of this seed")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype in the "
                                                              "engine and the trainer")
+    config: dict = Field({}, description="config.json fields of a model not on this machine (model_type, "
+                         "hidden_size, num_hidden_layers, ...): the GPU plan's shapes (`sao config`); where "
+                         "config.json is here, a field that differs from it is an error")
 
 
 class SamplingConfig(Section):

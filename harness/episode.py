@@ -19,11 +19,13 @@ from dataclasses import dataclass
 
 from envs.errors import SandboxError
 from envs.limits import DiskLimitExceeded, PatchTooLarge, PatchUnavailable
+from envs.pull import ensure_image
 from envs.sandbox import Sandbox
 from harness.agent import AgentSettings, instruction_for, run_agent
 from harness.proxy import UnknownEpisode
 from harness.trace import Trajectory
 from tasks.grade import grade
+from tasks.scrub import scrub_for_episode
 
 INFRA_ERROR = "infra_error"
 LIMIT_STATUS = {PatchTooLarge: "patch_too_large", PatchUnavailable: "patch_unavailable",
@@ -64,9 +66,13 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
     t_start = time.monotonic()
     agent_result, patch, sandbox_error, limit = None, "", None, None
     try:
+        ensure_image(task.image, cfg.docker)  # pull on a miss, on this node's engine (envs.pull); ImagePullError
         t0 = time.monotonic()
         with Sandbox(task.image, cfg.sandbox, run_id=ctx.run_id, labels={"sao-harness.task": task.instance_id}) as sb:
             timings["sandbox_start_s"] = time.monotonic() - t0
+            scrubbed = scrub_for_episode(sb, task, cfg.sandbox.scrub_history)  # no history after base_commit
+            if scrubbed is not None:  # (tasks.scrub; a failure is a SandboxError: infra_error)
+                timings["scrub_s"] = scrubbed.seconds
             if task.episode_setup:  # the dataset's own start of an episode (tasks.adapters: R2E-Gym hides its tests)
                 sb.run(task.episode_setup, timeout_s=120, check=True)
             t0 = time.monotonic()

@@ -1,7 +1,8 @@
 """`sao`: the one command line of sao-harness.
 
 Every area registers its own subcommands (``envs.cli``, ``tasks.cli``, ``harness.cli``,
-``trainer.cli``, ``eval.cli``, ``sao.serve``; ``sao config``, ``sao demo`` and ``sao learn`` are here);
+``trainer.cli``, ``eval.cli``, ``sao.serve``; ``sao config``, ``sao demo``, ``sao learn`` and ``sao doctor``
+are here);
 registration is import-light, heavy imports happen in handlers.
 A command that takes a config gets ``--config FILE`` and dotted overrides (``trainer.lr=1e-6``);
 the config is validated before any work, and a bad one is a one-line error with exit code 2.
@@ -18,6 +19,7 @@ from core.config import ConfigError
 from core.errors import UserError
 from harness.config import context_budget
 from sao.config import config_table, dump_config, load_config
+from trainer.gpu_plan import plan as gpu_plan
 
 AREAS = ("envs.cli", "tasks.cli", "harness.cli", "trainer.cli", "eval.cli", "sao.serve")
 
@@ -41,27 +43,35 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(area).register(sub, add_config_args)
     p = sub.add_parser("config", help="print the validated config (--markdown: the table of every key)")
     p.add_argument("--markdown", action="store_true",
-                   help="print README.md's table of every key with its built-in default and description")
+                   help="print docs/config.md's table of every key with its built-in default and description")
     add_config_args(p)
     p.set_defaults(func=cmd_config)
-    p = sub.add_parser("demo", help="the main job on the embedded default: rollout, train, eval")
+    p = sub.add_parser("demo", help="an agent getting better in ~10 minutes: the learning test-bed, then expert "
+                                    "traces -> SFT -> SAO -> eval on bundled tasks (make demo: configs/demo.yaml)")
     add_config_args(p)
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("learn", help="the learning demo: expert traces, SFT warm start, then SAO vs GRPO+DIS vs GRPO "
                                      "for the same wall time, each evaluated (default config: configs/learn.yaml)")
     add_config_args(p)
     p.set_defaults(func=cmd_learn)
+    p = sub.add_parser("doctor", help="check what a run needs, one line each: ok, or what is wrong and the fix "
+                                      "(installs nothing; exit 1 when a check fails)")
+    add_config_args(p)
+    p.set_defaults(func=cmd_doctor)
     return parser
 
 
 def cmd_config(args) -> int:
     """The validated config as YAML, then the context budget in force as a YAML comment (the output stays
-    a config file); with --markdown, the key table of the built-in defaults (README.md)."""
+    a config file); with --markdown, the key table of the built-in defaults (docs/config.md)."""
     if args.markdown:
         print(config_table(), end="")
         return 0
     print(dump_config(args.cfg), end="")
     print(f"# {context_budget(args.cfg).describe()}")
+    plan = gpu_plan(args.cfg)  # None without cluster.nodes; it fits (checked when the config loaded)
+    for line in plan.describe() if plan else []:
+        print(f"# {line}")
     return 0
 
 
@@ -75,6 +85,13 @@ def cmd_learn(args) -> int:
     from sao.learn import run_learn  # lazy: the learning demo pulls in every stage
 
     return run_learn(args.cfg)
+
+
+def cmd_doctor(args) -> int:
+    from sao.doctor import doctor  # lazy: the checks import docker-py, torch and ray
+
+    label = args.config or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else "built-in defaults")
+    return doctor(args.cfg, label)
 
 
 def load_args_config(args: argparse.Namespace):

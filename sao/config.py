@@ -2,7 +2,7 @@
 
 ``load_config(path, overrides)`` reads YAML plus ``key.sub=value`` overrides and validates it;
 a problem is a one-line ``ConfigError`` (the CLI prints it and exits 2).
-``config_table()`` is the README's table of every key (``sao config --markdown``).
+``config_table()`` is docs/config.md's table of every key (``sao config --markdown``).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from harness.config import (
 )
 from tasks.config import TasksConfig
 from trainer.config import SFTConfig, TrainerConfig, ValuePretrainConfig
+from trainer.gpu_plan import plan as gpu_plan
 
 __all__ = ["Config", "ConfigError", "config_table", "dump_config", "load_config"]
 
@@ -59,6 +60,35 @@ class LearnConfig(Section):
                                                           "the PPO clip")
 
 
+DEMO_TASKS = ["sao-harness__minicfg-8", "sao-harness__semverkit-34", "sao-harness__spanlib-5",
+              "sao-harness__tablefmt-13"]
+
+
+class DemoConfig(Section):
+    """`sao demo`: the learning test-bed, then the real path (expert traces -> SFT -> SAO -> eval), in minutes."""
+
+    toy_config: str = Field("configs/learn-toy.yaml", description="the learning test-bed's config (trainer.env toy)")
+    toy_steps: int = Field(40, gt=0, description="SAO steps on the test-bed (trainer.max_steps)")
+    tasks: list[str] = Field(DEMO_TASKS, description="bundled tasks of the real path: expert traces, SFT, SAO and eval")
+    sft_steps: int = Field(200, gt=0, description="SFT warm-start steps on the expert traces (sft.max_steps)")
+    sao_minutes: float = Field(1.5, gt=0, description="wall-clock budget of the SAO run from the warm start "
+                               "(trainer.max_minutes)")
+    samples: int = Field(2, gt=0, description="episodes per task and policy at eval.temperature in each evaluation")
+
+
+class ClusterConfig(Section):
+    """The GPU nodes a run is given: `sao config` prints the GPU plan on them and any command refuses a plan
+    that does not fit (trainer.gpu_plan)."""
+
+    nodes: int = Field(0, ge=0, description="GPU nodes for the trainer ranks and the engine replicas together; 0 = "
+                       "none described (no GPU plan)")
+    gpus_per_node: int = Field(8, gt=0, description="GPUs on each node")
+    gpu_memory_bytes: int = Field(80 * 2**30, gt=0, description="memory of one GPU in bytes (an 80 GB card: "
+                                  "80 GiB); the trainer may use 0.9 of it, the engine gpu_memory_utilization")
+    host_memory_bytes: int | None = Field(None, gt=0, description="host memory of a trainer node in bytes, for "
+                                          "the offloaded optimizer state; null = not checked")
+
+
 class Config(Section):
     """The run config: one section per area; ``sao config`` prints it."""
 
@@ -77,6 +107,8 @@ class Config(Section):
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()
     learn: LearnConfig = LearnConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    demo: DemoConfig = DemoConfig()
 
     @model_validator(mode="after")
     def _trainer_samples_like_the_engine(self) -> Config:
@@ -89,6 +121,13 @@ class Config(Section):
             elif mine != rollout:
                 raise ValueError(f"trainer.{key} ({mine}) differs from sampling.{key} ({rollout}): "
                                  "the ratio to the rollout would not be 1 on-policy")
+        return self
+
+
+    @model_validator(mode="after")
+    def _gpu_plan_fits(self) -> Config:
+        """The trainer ranks and engine replicas fit the cluster.* nodes (trainer.gpu_plan; no nodes: no check)."""
+        gpu_plan(self)
         return self
 
 

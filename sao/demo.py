@@ -1,108 +1,125 @@
-"""`make demo` / `sao demo`: the main job on the embedded default, one command on a fresh machine.
+"""`make demo` / `sao demo`: an agent getting better, on both paths, in about 10 minutes on 2 cores.
 
-``run_demo(cfg) -> int`` runs, each as its own ``sao`` process on one effective config written to
-``<run.dir>/demo.yaml`` (so every stage sees the same overrides):
-1. ``sao rollout`` (``make rollout-swe``): episodes of the tiny model on a few bundled tasks -> traces;
-2. ``sao train``: SAO training -> checkpoints, metrics (then ``sao runs plot`` -> curves);
-3. ``sao eval``: the base model and, when training wrote one, the newest checkpoint, on the same
-   tasks -> predictions, swebench's summary, the report; then ``sao eval compare`` of the two.
-What is missing (images, base image, tiny model) is built by the stages themselves. A stage that
-fails is reported and the others still run. Returns 0 when every stage ran, 1 when one failed. Ends
-with where the traces, checkpoints, curves and report are.
+``run_demo(cfg) -> int`` makes a fresh ``<run.root>/<run.name>-<time>/`` and runs, each stage as its own
+``sao`` process (``sao.learn.Stages``: timed and printed) on one written config (``demo.yaml``):
+1. ``toy/``: the learning test-bed, ``sao train`` on ``demo.toy_config`` for ``demo.toy_steps`` SAO
+   steps: its reward (first 5 -> last 5 steps) and the critic's explained variance rise;
+2. ``expert/``: ``sao rollout engine.kind=expert`` on ``demo.tasks`` -> resolved traces;
+3. ``warm_start/``: ``sao sft`` on them (``demo.sft_steps`` TRL steps);
+4. ``sao/``: ``sao train`` from the warm start for ``demo.sao_minutes`` (``trainer.max_minutes``);
+5. ``eval/``: the base model, the warm start and the SAO checkpoint, ``demo.samples`` episodes per
+   task at ``eval.temperature`` (1): resolved = the mean guarded verdict over (task, sample), infra
+   failures left out and counted (``sao.learn.eval_resolved``);
+6. ``demo.png`` (both paths' curves, the resolved bars) and ``demo.html`` (linking every report);
+   the last line is ``demo: toy reward A -> B (EV C), resolved base D% -> sft E% -> sao F% (N episodes)``,
+   N the episodes graded per policy (the smallest count, when infra failures made them differ).
+Returns 0 when every stage ran, 1 otherwise (the summary names the failed stages).
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from sao.config import dump_config
+from sao.demo_report import write_demo_report
+from sao.learn import Stages, eval_resolved
+from trainer.compare import summarize
+from trainer.metrics import read_metrics
 
-# one task per bundled repository, mixed difficulty: the demo's wall time stays in minutes on 2 cores
-DEMO_INSTANCES = ["sao-harness__minicfg-11", "sao-harness__semverkit-31", "sao-harness__spanlib-24",
-                  "sao-harness__tablefmt-9"]
-
-
-def demo_config(cfg):
-    """``cfg`` with the demo's task subset where the config names none (bundled tasks only)."""
-    cfg = cfg.model_copy(deep=True)
-    if cfg.tasks.source == "bundled" and not cfg.tasks.instances:
-        cfg.tasks.instances = list(DEMO_INSTANCES)
-    if cfg.eval.dataset == "bundled" and not cfg.eval.instances:
-        cfg.eval.instances = list(cfg.tasks.instances or DEMO_INSTANCES) if cfg.tasks.source == "bundled" \
-            else list(DEMO_INSTANCES)
-    return cfg
+POLICIES = ("base", "sft", "sao")
 
 
-def _sao(args: list[str], log) -> int:
-    cmd = [sys.executable, "-m", "sao.cli", *args]
-    log(f"$ sao {' '.join(args)}")
-    sys.stdout.flush()
-    return subprocess.run(cmd, check=False).returncode
+def demo_dir(cfg) -> Path:
+    return Path(cfg.run.root) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def newest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint ``eval.checkpoint=latest`` evaluates, or None when training wrote none."""
-    from trainer.checkpoint import (  # lazy: trainer.checkpoint imports torch
-        POLICY_CONFIG,
-        resolve_checkpoint,
-    )
+def _list(items: list[str]) -> str:
+    return "[" + ",".join(items) + "]"
 
-    return resolve_checkpoint("latest", run_dir, need=POLICY_CONFIG)
+
+def _pct(rate) -> str:
+    return "n/a" if rate is None else f"{100 * rate:.0f}%"
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def headline(toy: dict, resolved: dict[str, dict]) -> str:
+    """``demo: toy reward A -> B (EV C), resolved base D% -> sft E% -> sao F% (N episodes)``."""
+    counts = [resolved[p]["graded"] for p in POLICIES if p in resolved]
+    rates = " -> ".join(f"{p} {_pct(resolved.get(p, {}).get('rate'))}" for p in POLICIES)
+    return (f"demo: toy reward {_num(toy.get('reward_first5'))} -> {_num(toy.get('reward_last5'))} "
+            f"(EV {_num(toy.get('ev_last5'))}), resolved {rates} ({min(counts) if counts else 0} episodes)")
+
+
+def toy_summary(run_dir: Path) -> dict:
+    """``trainer.compare.summarize`` of the test-bed run ({} when it logged nothing)."""
+    if not (run_dir / "metrics.jsonl").is_file():
+        return {}
+    return summarize("toy", read_metrics(run_dir))
 
 
 def run_demo(cfg, log=print) -> int:
     t_start = time.monotonic()
-    cfg = demo_config(cfg)
-    run_dir = Path(cfg.run.dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    conf = (run_dir / "demo.yaml").resolve()
+    dc = cfg.demo
+    toy_source = Path(dc.toy_config)
+    if not toy_source.is_file():
+        log(f"demo: demo.toy_config={dc.toy_config}: no such file (run from the repository root, or give a path)")
+        return 2
+    root = demo_dir(cfg).resolve()
+    root.mkdir(parents=True)
+    conf = root / "demo.yaml"
     conf.write_text(dump_config(cfg))
-    base = ["--config", str(conf)]
-    stages: dict[str, str] = {}  # stage -> ok | failed (exit N)
-    times: dict[str, float] = {}
+    toy_conf = root / "toy.yaml"  # the test-bed's own config, as it was run
+    toy_conf.write_text(toy_source.read_text())
+    stages = Stages(conf, log, prefix="demo")
+    warm = root / "warm_start"
+    tasks = f"tasks.instances={_list(dc.tasks)}"
+    log(f"demo: {root}\n  test-bed: {dc.toy_config}, {dc.toy_steps} SAO steps\n  real path: {len(dc.tasks)} "
+        f"bundled task(s) ({', '.join(dc.tasks)}); SFT {dc.sft_steps} steps; SAO {dc.sao_minutes:g} min; eval "
+        f"{dc.samples} sample(s) per task at T={cfg.eval.temperature:g}")
 
-    def stage(name: str, args: list[str]) -> int:
-        log(f"\n=== demo: {name} ===")
-        t0 = time.monotonic()
-        rc = _sao(args, log)
-        times[name] = time.monotonic() - t0
-        stages[name] = "ok" if rc == 0 else f"failed (exit {rc})"
-        log(f"=== demo: {name}: {stages[name]} ({times[name]:.0f} s)")
-        return rc
+    def at(stage: str) -> list[str]:
+        return [f"run.root={root}", f"run.name={stage}"]
 
-    log(f"demo: run {run_dir}, tasks {', '.join(cfg.tasks.instances or ['all'])}, config {conf}")
-    stage("rollout-swe", ["rollout", *base])
-    stage("train", ["train", *base])
-    if stages["train"] == "ok":
-        stage("curves", ["runs", "plot", str(run_dir)])
-    base_name = "base"
-    stage("eval (base model)", ["eval", *base, f"eval.name={base_name}", "eval.checkpoint=null"])
-    trained = newest_checkpoint(run_dir)
-    evals = [run_dir / "eval" / base_name]
-    if trained:
-        stage("eval (trained checkpoint)", ["eval", *base, "eval.name=trained", "eval.checkpoint=latest"])
-        evals.append(run_dir / "eval" / "trained")
-        if all((e / "report.json").is_file() for e in evals):
-            stage("compare", ["eval", "compare", str(evals[0]), str(evals[1])])
-
-    log(f"\n=== demo: summary ({time.monotonic() - t_start:.0f} s) ===")
-    for name, status in stages.items():
-        log(f"  {name:<26} {status:<16} {times[name]:6.0f} s")
-    traces = run_dir / "traces"
-    n_shards = len(list(traces.glob("shard-*.parquet"))) if traces.is_dir() else 0
-    log(f"traces:      {traces} ({n_shards} shard(s); `sao trace list {traces}`)")
-    if trained:
-        log(f"checkpoints: {run_dir / 'checkpoints'} (newest: {trained.name})")
-    else:
-        log(f"checkpoints: none in {run_dir / 'checkpoints'} (train stage: {stages.get('train')})")
-    curves = [p for p in (run_dir / "plots", run_dir / "metrics.jsonl", run_dir / "tb") if p.exists()]
-    log("curves:      " + (", ".join(map(str, curves)) if curves else f"none (train stage: {stages.get('train')})"))
-    for e in evals:
-        if (e / "report.html").is_file():
-            log(f"report:      {e / 'report.html'} (also report.md, report.json, predictions.jsonl)")
-    failed = [n for n, s in stages.items() if s.startswith("failed")]
+    stages.run("test-bed: sao train", ["train", *at("toy"), f"trainer.max_steps={dc.toy_steps}"], config=toy_conf)
+    ok = (stages.run("expert traces", ["rollout", *at("expert"), "engine.kind=expert", tasks,
+                                       "rollout.episodes_per_task=1", "sampling.max_tokens=4096"])
+          and stages.run("sft warm start", ["sft", *at("sft"), f"sft.traces=[{root / 'expert' / 'traces'}]",
+                                            f"sft.out_dir={warm}", f"sft.max_steps={dc.sft_steps}"]))
+    trained = ok and stages.run("sao train", ["train", *at("sao"), f"model.path={warm}", tasks,
+                                              f"trainer.max_minutes={dc.sao_minutes:g}"])
+    evals: dict[str, list[Path]] = {}
+    policies = {"base": ("base", "null"), "sft": ("sft", str(warm)) if ok else None,
+                "sao": ("sao", "latest") if trained else None}
+    for policy, where in policies.items():
+        if where is None:
+            continue
+        stage, checkpoint = where
+        evals[policy] = []
+        for i in range(dc.samples):
+            name = f"{policy}-s{i}"
+            stages.run(f"eval {policy} (sample {i + 1}/{dc.samples})",
+                       ["eval", *at(stage), f"eval.name={name}", f"eval.checkpoint={checkpoint}",
+                        f"eval.instances={_list(dc.tasks)}", f"run.seed={cfg.run.seed + 1000 + i}"])
+            evals[policy].append(root / stage / "eval" / name)
+    resolved = {p: eval_resolved(dirs, dc.tasks, [])["train"] for p, dirs in evals.items()}
+    toy = toy_summary(root / "toy")
+    wall = time.monotonic() - t_start
+    line = headline(toy, resolved)
+    files = write_demo_report(root, toy_dir=root / "toy", sao_dir=root / "sao", toy=toy, resolved=resolved,
+                              evals=evals, stages=stages.status, seconds=stages.seconds, wall_s=wall,
+                              headline=line)
+    failed = [n for n, s in stages.status.items() if s != "ok"]
+    log(f"\n=== demo: summary ({wall / 60:.1f} min of demo time, setup excluded) ===")
+    for name, status in stages.status.items():
+        log(f"  {name:<30} {status:<16} {stages.seconds[name]:6.0f} s")
+    for policy, r in resolved.items():
+        log(f"  {policy:<5} resolved {_pct(r['rate'])} ({r['resolved']}/{r['graded']} episodes, "
+            f"{r['infra_failures']} infra failures)")
+    log("report: " + ", ".join(str(f) for f in files))
     if failed:
         log(f"failed: {', '.join(failed)}")
+    log(line)
     return 1 if failed else 0

@@ -82,22 +82,23 @@ def headline(results: dict, arms: list[str]) -> str:
 
 
 class Stages:
-    """Runs ``sao`` stages as processes; records each one's status and wall time."""
+    """Runs ``sao`` stages as processes (on ``config``, or a stage's own); records each one's status and
+    wall time. ``prefix`` names the command in the progress lines."""
 
-    def __init__(self, config: Path, log):
-        self.config, self.log = config, log
+    def __init__(self, config: Path, log, prefix: str = "learn"):
+        self.config, self.log, self.prefix = config, log, prefix
         self.status: dict[str, str] = {}
         self.seconds: dict[str, float] = {}
 
-    def run(self, name: str, args: list[str]) -> bool:
-        cmd = [sys.executable, "-m", "sao.cli", args[0], "--config", str(self.config), *args[1:]]
-        self.log(f"\n=== learn: {name} ===\n$ sao {' '.join(cmd[3:])}")
+    def run(self, name: str, args: list[str], config: Path | None = None) -> bool:
+        cmd = [sys.executable, "-m", "sao.cli", args[0], "--config", str(config or self.config), *args[1:]]
+        self.log(f"\n=== {self.prefix}: {name} ===\n$ sao {' '.join(cmd[3:])}")
         sys.stdout.flush()
         t0 = time.monotonic()
         rc = subprocess.run(cmd, check=False).returncode
         self.seconds[name] = time.monotonic() - t0
         self.status[name] = "ok" if rc == 0 else f"failed (exit {rc})"
-        self.log(f"=== learn: {name}: {self.status[name]} ({self.seconds[name]:.0f} s)")
+        self.log(f"=== {self.prefix}: {name}: {self.status[name]} ({self.seconds[name]:.0f} s)")
         return rc == 0
 
 

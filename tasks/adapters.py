@@ -185,8 +185,9 @@ R2E_STATUS = "PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
 R2E_RENAME = (f"sed -E -e 's/^({R2E_STATUS}) [^ ]*\\.py::/\\1 /' "
               f"-e ':a' -e 's/^(({R2E_STATUS}) [^ ]*)::/\\1./' -e 'ta'")
 R2E_TEST_CMD = f"bash run_tests.sh 2>&1 | {R2E_RENAME}"
-R2E_EVAL_SETUP = ["git checkout -q HEAD -- run_tests.sh 2>/dev/null || true", "rm -rf r2e_tests",
-                  "ln -s /r2e_tests r2e_tests"]
+R2E_TESTS, R2E_LINK = "/r2e_tests", "r2e_tests"  # the held-out tests in the image; their name in the repo
+R2E_LINK_CMD = f"ln -s {R2E_TESTS} {R2E_LINK}"  # how the grading container finds them (tasks.clean_run too)
+R2E_EVAL_SETUP = ["git checkout -q HEAD -- run_tests.sh 2>/dev/null || true", f"rm -rf {R2E_LINK}", R2E_LINK_CMD]
 # what R2E-Gym's runtime does before the agent starts: the held-out tests and their runner out of the repo
 R2E_EPISODE_SETUP = ("if [ -d /r2e_tests ]; then mv /r2e_tests /root/r2e_tests; fi; "
                      "if [ -f /testbed/run_tests.sh ]; then mv /testbed/run_tests.sh /root/run_tests.sh; fi")

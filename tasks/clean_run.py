@@ -26,9 +26,19 @@ Resolved: no finding in either run and every graded test passed in the real one.
 unresolved (findings in ``hacks``) | patch_does_not_apply | infra_failure (Docker trouble, a timeout
 before the tests started); output over ``limits.output_cap_bytes`` is unresolved with ``over_cap``, and
 tests that run past the timeout are unresolved. Pytest tasks only.
+
+Held-out tests (R2E-Gym): where the eval script links a directory of the image into the repository
+(``ln -s /r2e_tests r2e_tests``), the graded tests live there, not in git, and are named without their
+file (``Class.test``). ``held_out_tests`` reads that directory from the image (never from a container
+the patch ran in), finds each graded test in its files (``r2e_node_ids``: pytest's default collection,
+read from the AST) and grades their pytest node ids: the same two runs, the canaries and mutants
+staged into the image's directory, pytest from the interpreter R2E-Gym's ``run_tests.sh`` uses
+(``/testbed/.venv/bin/python`` where the image has one, looked up before the patch is applied). A
+graded test found in no file is an infra failure (the grader cannot run it; never a 0).
 """
 from __future__ import annotations
 
+import ast
 import io
 import random
 import re
@@ -38,10 +48,11 @@ import tarfile
 import time
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tasks import applied, canary
+from tasks.adapters import R2E_LINK, R2E_LINK_CMD, R2E_TESTS, r2e_key
 from tasks.canary import add_canaries
 from tasks.grade_sandbox import OWNER_LABEL, GradeLimits, hardened_kwargs, run_capped, tests_started
 from tasks.guard import TEST_AWARE, Hack
@@ -50,6 +61,8 @@ from tasks.mutate import mutate
 JUNIT_MAX_BYTES = 4_000_000
 TEST_FILE_MAX_BYTES = 2_000_000
 WORKDIR = "/testbed"
+PYTHON = "python3"
+R2E_PYTHON = f"{WORKDIR}/.venv/bin/python"  # what R2E-Gym's run_tests.sh runs, where the image has it
 # Top-level imports find nothing at the repository root that was not there at the base commit
 # (``entries``): a new root module is not picked up by the standard library's own imports either.
 BOOTSTRAP = """\
@@ -138,21 +151,21 @@ def graded_files(task) -> dict[str, list[str]]:
     return out
 
 
-def test_command(task, junit_path: str, entries: list[str] = ()) -> str:
+def test_command(task, junit_path: str, entries: list[str] = (), python: str = PYTHON) -> str:
     """The replacement test command: the graded tests' files, ``-P``, the JUnit report; pytest's exit
     status kept in ``sao_rc`` (``entries``: the repository root's names at the base commit)."""
     modules = sorted({e.split(".", 1)[0] for e in entries})
     boot = BOOTSTRAP.format(workdir=WORKDIR, entries=sorted(entries), modules=modules)
     return (f"mkdir -p -m 700 {shlex.quote(str(Path(junit_path).parent))}\n"
-            f"python3 -P -c {shlex.quote(boot)} -rA -p no:cacheprovider -o junit_family=xunit2 "
+            f"{python} -P -c {shlex.quote(boot)} -rA -p no:cacheprovider -o junit_family=xunit2 "
             f"-o junit_logging=no --junitxml={shlex.quote(junit_path)} "
             f"{' '.join(map(shlex.quote, graded_files(task)))}\nsao_rc=$?\nSWEBENCH_TEST_EXIT_CODE=$sao_rc")
 
 
-def clean_script(eval_script: str, command: str, files_dir: str | None = None) -> str:
+def clean_script(eval_script: str, command: str, files_dir: str | None = None, dest: str = WORKDIR) -> str:
     """``eval_script`` with the lines between swebench's test-output markers replaced by ``command``,
-    the files under ``files_dir`` copied over the repository just before, and pytest's exit status
-    (``sao_rc``) as the script's."""
+    the files under ``files_dir`` copied over ``dest`` (the repository; held-out tests: their
+    directory) just before, and pytest's exit status (``sao_rc``) as the script's."""
     # lazy: swebench is heavy
     from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
 
@@ -161,7 +174,7 @@ def clean_script(eval_script: str, command: str, files_dir: str | None = None) -
     end = next((i for i, ln in enumerate(lines) if END_TEST_OUTPUT in ln), None)
     if start is None or end is None or end < start:
         raise ValueError("the eval script has no test-output markers")
-    copy = [f"cp -r {shlex.quote(files_dir)}/. {WORKDIR}/"] if files_dir else []
+    copy = [f"cp -r {shlex.quote(files_dir)}/. {shlex.quote(dest)}/"] if files_dir else []
     tail = ['exit "$sao_rc"'] if "sao_rc=" in command else []
     return "\n".join(lines[:start] + copy + lines[start:start + 1] + [command] + lines[end:] + tail) + "\n"
 
@@ -207,6 +220,87 @@ def _read_file(container, path: str, limit: int) -> bytes | None:
         return f.read(limit + 1) if f else None
 
 
+# --- held-out tests (R2E-Gym) --------------------------------------------------------------------
+@dataclass(frozen=True)
+class HeldOut:
+    """Graded tests kept in the image outside the repository, linked in by the eval script."""
+
+    image_dir: str  # where the image keeps them (/r2e_tests)
+    link: str  # their name in the repository while the tests run (r2e_tests)
+    sources: dict[str, bytes]  # {repository path (link/...): the test file as the image holds it}
+    node_ids: dict[str, list[str]]  # {graded test id: its pytest node ids}
+
+    def view(self, task):
+        """``task`` with its graded tests as pytest node ids (what the runs read)."""
+        nodes = lambda ids: list(dict.fromkeys(n for t in ids for n in self.node_ids[t]))  # noqa: E731
+        return replace(task, FAIL_TO_PASS=nodes(task.FAIL_TO_PASS), PASS_TO_PASS=nodes(task.PASS_TO_PASS),
+                       test_patch="")
+
+
+def _collected(path: str, source: str) -> list[str]:
+    """The node ids pytest's default collection finds in ``source`` (``test*`` functions, ``test*``
+    methods of ``Test*`` classes, nested), read from the AST; [] when it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+
+    def walk(body, prefix: str) -> list[str]:
+        out = []
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                out.append(f"{prefix}::{node.name}")
+            elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+                out += walk(node.body, f"{prefix}::{node.name}")
+        return out
+    return walk(tree.body, path)
+
+
+def r2e_node_ids(sources: dict[str, bytes], ids: list[str]) -> dict[str, list[str]]:
+    """{R2E-Gym test id (``Class.test[params]``): the node ids of every file defining it}; ids that no
+    file defines are left out."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(sources):
+        for node in _collected(path, sources[path].decode("utf-8", "replace")):
+            found.setdefault(r2e_key(node), []).append(node)
+    out = {}
+    for t in ids:
+        base, bracket, params = t.partition("[")
+        if base in found:
+            out[t] = [n + bracket + params for n in found[base]]
+    return out
+
+
+def held_out_tests(task, client) -> HeldOut | None:
+    """The held-out tests of ``task`` (None: its tests are in the repository), read from its image;
+    ValueError naming a graded test no file defines."""
+    from swebench.harness.constants import START_TEST_OUTPUT  # lazy: swebench is heavy
+
+    script = task.eval_script or ""
+    if R2E_LINK_CMD not in script[:script.find(START_TEST_OUTPUT)].splitlines():
+        return None
+    container = client.containers.create(task.image, command=["true"], labels={OWNER_LABEL: "grade"})
+    try:  # created, never started: the image's files as built
+        tar = _archive(container, R2E_TESTS, TEST_FILE_MAX_BYTES * 16)
+        sources = {}
+        if tar is not None:
+            with tar:
+                for m in tar.getmembers():  # members are "r2e_tests/<rel>"
+                    rel = m.name.split("/", 1)[1] if "/" in m.name else ""
+                    name = rel.rsplit("/", 1)[-1]  # pytest's default python_files: test_*.py, *_test.py
+                    if m.isfile() and name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")):
+                        sources[f"{R2E_LINK}/{rel}"] = tar.extractfile(m).read()
+    finally:
+        container.remove(force=True)
+    node_ids = r2e_node_ids(sources, task.FAIL_TO_PASS + task.PASS_TO_PASS)
+    missing = [t for t in task.FAIL_TO_PASS + task.PASS_TO_PASS if t not in node_ids]
+    if missing:
+        raise ValueError(f"{len(missing)} graded test(s) defined in none of {R2E_TESTS}'s {len(sources)} "
+                         f"test file(s), e.g. {missing[0]!r}")
+    graded = {n.split("::", 1)[0] for ns in node_ids.values() for n in ns}
+    return HeldOut(R2E_TESTS, R2E_LINK, {p: b for p, b in sources.items() if p in graded}, node_ids)
+
+
 def _base_state(container, task, stage: str, paths: list[str]) -> tuple[set[str], list[str], dict[str, bytes]]:
     """Before the patch is applied (one exec, one read): the ``git status`` entries, the repository
     root's names at the base commit, and the graded test files as the eval script will leave them
@@ -216,7 +310,7 @@ def _base_state(container, task, stage: str, paths: list[str]) -> tuple[set[str]
     cmd = [f"mkdir -p {out}", f"git {' '.join(applied.STATUS)} > {out}/status",
            f"git ls-tree -z --name-only {base} > {out}/entries", f"{git} read-tree {base}"]
     cmd += [f"{git} apply --cached {stage}/test.diff"] if (task.test_patch or "").strip() else []
-    cmd += [f"{git} checkout-index --prefix={out}/orig/ -- {' '.join(map(shlex.quote, paths))}"]
+    cmd += [f"{git} checkout-index --prefix={out}/orig/ -- {' '.join(map(shlex.quote, paths))}"] if paths else []
     r = container.exec_run(["bash", "-c", " && ".join(cmd)], workdir=WORKDIR, user="root")
     if r.exit_code != 0:
         raise RuntimeError(f"reading the base commit's state failed: {r.output[-300:]!r}")
@@ -273,8 +367,9 @@ def _judge(run: Run, task, canaries: dict, exit_code: int | None) -> None:
 
 
 def one_run(task, patch: str, *, client, limits: GradeLimits, timeout_s: float, mutant: bool, rng,
-            out_dir: Path | None = None, name: str = "") -> Run:
-    """One graded run (real or mutant: the same steps, only the staged test files differ)."""
+            out_dir: Path | None = None, name: str = "", held: HeldOut | None = None) -> Run:
+    """One graded run (real or mutant: the same steps, only the staged test files differ); ``held``: the
+    task's held-out tests (``task`` is then ``held.view``'s)."""
     stage = f"/tmp/sao-stage-{secrets.token_hex(8)}"
     junit = f"/tmp/sao-{secrets.token_hex(16)}/{secrets.token_hex(8)}.xml"
     tag = "mutant" if mutant else "clean"
@@ -288,12 +383,18 @@ def one_run(task, patch: str, *, client, limits: GradeLimits, timeout_s: float, 
         container.client.api.put_archive(container.id, "/", _tar({
             stage.lstrip("/") + "/patch.diff": patch.encode("utf-8"),
             stage.lstrip("/") + "/test.diff": (task.test_patch or "").encode("utf-8")}))
-        before, entries, sources = _base_state(container, task, stage, list(graded_files(task)))
-        files, canaries, mutated = _stage_files(task, sources, mutant, rng)
-        script = clean_script(task.test_spec().eval_script, test_command(task, junit, entries), f"{stage}/files")
+        before, entries, sources = _base_state(container, task, stage, [] if held else list(graded_files(task)))
+        files, canaries, mutated = _stage_files(task, held.sources if held else sources, mutant, rng)
+        python = PYTHON  # R2E-Gym's own interpreter where the image has one: chosen before the patch can add one
+        if held and container.exec_run(["test", "-x", R2E_PYTHON], user="root").exit_code == 0:
+            python = R2E_PYTHON
+        command = test_command(task, junit, entries, python)
+        script = clean_script(task.test_spec().eval_script, command, f"{stage}/files",
+                              held.image_dir if held else WORKDIR)
+        staged = {(p.removeprefix(held.link + "/") if held else p): b for p, b in files.items()}
         container.client.api.put_archive(container.id, "/", _tar(
-            {f"{stage.lstrip('/')}/files/{p}": b for p, b in files.items()} | {stage.lstrip("/") + "/eval.sh":
-                                                                                script.encode("utf-8")}))
+            {f"{stage.lstrip('/')}/files/{p}": b for p, b in staged.items()} | {stage.lstrip("/") + "/eval.sh":
+                                                                                 script.encode("utf-8")}))
         how, log = applied.apply_patch(container, f"{stage}/patch.diff")
         if out_dir is not None and log:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -343,16 +444,18 @@ def one_run(task, patch: str, *, client, limits: GradeLimits, timeout_s: float, 
     return result
 
 
-def _tests_status(task, outcomes: dict) -> dict:
+def _tests_status(task, outcomes: dict, node_ids: dict[str, list[str]] | None = None) -> dict:
+    """{FAIL_TO_PASS / PASS_TO_PASS: {success, failure}} by the task's test ids; a test passes when every
+    node id of it (``node_ids``; default: the id itself) passed."""
     status = {}
     for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         tests = getattr(task, key)
-        ok = [t for t in tests if outcomes.get(junit_key(t)) is True]
+        ok = [t for t in tests if all(outcomes.get(junit_key(n)) is True for n in (node_ids or {}).get(t, [t]))]
         status[key] = {"success": ok, "failure": [t for t in tests if t not in ok]}
     return status
 
 
-def _verdict(task, real: Run, mutant: Run | None) -> tuple[str, Run]:
+def _verdict(task, real: Run, mutant: Run | None, node_ids: dict | None = None) -> tuple[str, Run]:
     """The clean run's status and the run that decided it: a finding in either run, then output over the
     cap, an infra failure, a patch that does not apply; else the real run's tests."""
     runs = [r for r in (real, mutant) if r is not None]
@@ -360,7 +463,7 @@ def _verdict(task, real: Run, mutant: Run | None) -> tuple[str, Run]:
                     [r for r in runs if r.status in ("infra_failure", "patch_does_not_apply")]):
         if decided:
             return ("unresolved" if decided[0].hacks or decided[0].over_cap else decided[0].status), decided[0]
-    status = _tests_status(task, real.outcomes)
+    status = _tests_status(task, real.outcomes, node_ids)
     passed = not status["FAIL_TO_PASS"]["failure"] and not status["PASS_TO_PASS"]["failure"]
     return ("resolved" if passed and not real.error else "unresolved"), real
 
@@ -371,13 +474,19 @@ def clean_run(task, patch: str, *, client, limits: GradeLimits, timeout_s: float
     t0 = time.monotonic()
     rng = random.SystemRandom()
     out_dir = Path(log_dir) if log_dir else None
-    kw = dict(client=client, limits=limits, timeout_s=timeout_s, rng=rng, out_dir=out_dir, name=name)
+    try:
+        held = held_out_tests(task, client)
+    except Exception as e:  # Docker trouble, or tests the grader cannot find: no verdict
+        return CleanResult("infra_failure", error=f"clean run: held-out tests: {type(e).__name__}: {e}",
+                           seconds=time.monotonic() - t0)
+    graded, node_ids = (held.view(task), held.node_ids) if held else (task, None)
+    kw = dict(client=client, limits=limits, timeout_s=timeout_s, rng=rng, out_dir=out_dir, name=name, held=held)
     with ThreadPoolExecutor(2, thread_name_prefix="sao-clean") as pool:  # the two runs at once: same steps
-        mutant = pool.submit(one_run, task, patch, mutant=True, **kw) if mutation else None
-        real = one_run(task, patch, mutant=False, **kw)
+        mutant = pool.submit(one_run, graded, patch, mutant=True, **kw) if mutation else None
+        real = one_run(graded, patch, mutant=False, **kw)
         mutant = mutant.result() if mutant is not None else None
-    status, decided = _verdict(task, real, mutant)
+    status, decided = _verdict(task, real, mutant, node_ids)
     hacks = list(dict.fromkeys(real.hacks + (mutant.hacks if mutant is not None else [])))
-    return CleanResult(status, _tests_status(task, real.outcomes), decided.over_cap, decided.error,
+    return CleanResult(status, _tests_status(task, real.outcomes, node_ids), decided.over_cap, decided.error,
                        str(out_dir) if out_dir else None, time.monotonic() - t0, hacks,
                        mutant.mutated if mutant is not None else [])

@@ -358,3 +358,19 @@ def register(sub, add_config_args):
     q.add_argument("--force", action="store_true", help="rebuild even when the cached image's recipe matches")
     add_config_args(q)
     q.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("images", help="task images on every sandbox node: pull, save")
+    isub = p.add_subparsers(dest="images_command", metavar="SUBCOMMAND", required=True)
+    q = isub.add_parser("pull", help="pull (or build) every selected task's image on each sandbox node")
+    add_config_args(q)
+    q.set_defaults(func=lambda args: _images("cmd_pull", args))
+    q = isub.add_parser("save", help="docker save the selected tasks' images into DIR (a dir: image source)")
+    q.add_argument("--dir", required=True, metavar="DIR", help="directory for the tarballs")
+    add_config_args(q)
+    q.set_defaults(func=lambda args: _images("cmd_save", args))
+
+
+def _images(name: str, args) -> int:
+    import tasks.images  # lazy: keeps `sao --help` fast (docker-py, Ray)
+
+    return getattr(tasks.images, name)(args)

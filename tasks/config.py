@@ -13,7 +13,8 @@ class TasksConfig(Section):
 
     source: str = Field("bundled", description="`bundled` (the project's task repo, tasks/bundled), a swebench "
                         "task-repo directory, a local .jsonl / .json / .parquet file or save_to_disk directory, "
-                        "or a Hugging Face dataset id (e.g. SWE-bench/SWE-bench_Verified) where the hub is reachable")
+                        "or a Hugging Face dataset id (e.g. SWE-bench/SWE-bench_Verified) where the hub is reachable; "
+                        "several, comma-separated, make one mixed source")
     split: str = Field("test", description="dataset split")
     adapter: Literal["auto", "swebench", "swe-gym", "swe-smith", "r2e-gym", "swe-rebench", "swe-bench-extra"] = Field(
         "auto", description="row schema: detected from the columns (auto), or one of the training sets whose "

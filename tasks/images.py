@@ -1,19 +1,30 @@
-"""The task images an episode or a grading run needs, there before the first container starts.
+"""The task images an episode or a grading run needs, there before the first container starts, on every node.
 
 ``prepare_task_images(cfg, client, source, tasks, *, pull, log)``:
 - ``source`` is a task repo: its images are built (``tasks.build``; cached by recipe hash), a failed
   build is a ``UserError``; the build progress is printed only when an image was missing;
-- otherwise the images must exist locally; with ``pull=True`` the missing ones are pulled where
-  Docker Hub answers (``sao eval`` on official swebench images), else it is a ``UserError``.
+- otherwise the images must exist locally; with ``pull=True`` the missing ones are fetched from
+  ``docker.image_sources`` (``envs.pull``: a registry, a directory of tarballs, another engine), else
+  it is a ``UserError``.
+
+``sao images pull`` (``pull_everywhere``): ``prepare_node`` (build a task repo's images, or fetch the
+missing ones, ``docker.pull_concurrency`` at a time, within ``docker.image_cache_bytes``) on this node,
+or, with ``trainer.ray_address``, as one Ray task on each sandbox node (the nodes with
+``rollout.node_resources``; every node when that is empty), each on its own engine.
+``sao images save --dir D`` writes the selected images as ``docker save`` tarballs for a ``dir:D`` source.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import httpx
 
 from core.errors import UserError
+from envs.engine import docker_client
+from envs.pull import fetch_images, save_images
 from tasks.build import build_task_repo, resolve_base_image
 from tasks.grade import image_exists
-from tasks.loaders import resolve_task_repo
+from tasks.loaders import resolve_task_repo, tasks_from_config
 
 REGISTRY = "registry-1.docker.io"
 
@@ -41,19 +52,18 @@ def build_repo_images(cfg, client, repo, tasks, log=print) -> None:
                         f"{failed[0].error.splitlines()[0] if failed[0].error else '?'}")
 
 
-def pull_images(client, images: list[str], log=print) -> None:
-    """Pull ``images`` from Docker Hub; a clear error when it does not answer."""
-    reason = registry_unreachable_reason()
-    if reason is not None:
-        raise UserError(f"{len(images)} task image(s) missing locally, e.g. {images[0]}, and Docker Hub is "
-                        f"unreachable ({reason}); build them (sao tasks build --task-repo DIR) or run where "
-                        "a registry is reachable")
-    for i, image in enumerate(images, 1):
-        log(f"[{i}/{len(images)}] pulling {image}")
-        try:
-            client.images.pull(image)
-        except Exception as e:  # noqa: BLE001  (whatever fails a pull, the user reads why)
-            raise UserError(f"pulling {image} failed: {type(e).__name__}: {e}") from None
+def pull_images(cfg, client, images: list[str], log=print) -> None:
+    """Fetch ``images`` from ``docker.image_sources``; a clear error naming why when one cannot be had."""
+    if cfg.docker.image_sources == ["registry"]:
+        reason = registry_unreachable_reason()
+        if reason is not None:
+            raise UserError(f"{len(images)} task image(s) missing locally, e.g. {images[0]}, and Docker Hub is "
+                            f"unreachable ({reason}); build them (sao tasks build --task-repo DIR), load them "
+                            "(docker.image_sources: dir:/PATH or engine:URL) or run where a registry is reachable")
+    result = fetch_images(client, images, cfg.docker, log=log)
+    if result["failed"]:
+        why = next(iter(result["failed"].values()))
+        raise UserError(f"{len(result['failed'])} task image(s) could not be fetched, e.g. {why}")
 
 
 def prepare_task_images(cfg, client, source: str, tasks, *, pull: bool, log=print) -> None:
@@ -69,4 +79,100 @@ def prepare_task_images(cfg, client, source: str, tasks, *, pull: bool, log=prin
     if not pull:
         raise UserError(f"{len(missing)} task image(s) missing locally, e.g. {missing[0]} (no registry is used here; "
                         "build them with `sao tasks build --task-repo DIR` or pull them where a registry is reachable)")
-    pull_images(client, missing, log=log)
+    pull_images(cfg, client, missing, log=log)
+
+
+def task_images(tasks) -> list[str]:
+    """The distinct images of ``tasks``, in order (tasks without one have nothing to pull)."""
+    return list(dict.fromkeys(t.image for t in tasks if t.image))
+
+
+def prepare_node(cfg, source: str, tasks, *, progress: bool = True, log=print) -> dict:
+    """On this node's engine (``envs.engine.docker_client``): a task repo's images built, or the tasks'
+    missing images fetched; a summary {"node", "engine", "images", "present", "pulled", "failed", "evicted"}."""
+    import socket  # lazy: only a node that pulls names itself
+
+    client = docker_client(cfg.docker)
+    images = task_images(tasks)
+    out = {"node": socket.gethostname(), "engine": client.sao_docker_host, "images": len(images)}
+    repo = resolve_task_repo(source)
+    if repo is not None:
+        try:
+            build_repo_images(cfg, client, repo, tasks, log=log)
+            return {**out, "present": images, "pulled": {}, "failed": {}, "evicted": []}
+        except UserError as e:
+            return {**out, "present": [], "pulled": {}, "failed": {str(repo): str(e)}, "evicted": []}
+    return {**out, **fetch_images(client, images, cfg.docker, progress=progress, log=log)}
+
+
+def sandbox_nodes(need: dict) -> list[dict]:
+    """The alive Ray nodes that hold every resource of ``need`` (all alive nodes when it is empty)."""
+    import ray  # lazy: only a cluster pull needs Ray
+
+    return [n for n in ray.nodes() if n["Alive"] and all(n["Resources"].get(k, 0) >= v for k, v in need.items())]
+
+
+def pull_everywhere(cfg, source: str, tasks, *, log=print) -> list[dict]:
+    """``prepare_node`` here, or with ``trainer.ray_address`` once on every sandbox node (module doc)."""
+    if not cfg.trainer.ray_address:
+        return [prepare_node(cfg, source, tasks, log=log)]
+    import ray  # lazy: only a cluster pull needs Ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # lazy: part of ray
+    from tqdm import tqdm  # lazy: only the command shows a bar
+
+    if not ray.is_initialized():
+        ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
+    nodes = sandbox_nodes(cfg.rollout.node_resources)
+    if not nodes:
+        raise UserError(f"no alive Ray node at {cfg.trainer.ray_address} holds rollout.node_resources "
+                        f"{dict(cfg.rollout.node_resources)}")
+    log(f"images: {len(task_images(tasks))} image(s) on {len(nodes)} sandbox node(s)")
+    task = ray.remote(num_cpus=0, max_retries=0)(prepare_node)
+    refs = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+        cfg, source, tasks, progress=False): n for n in nodes}
+    results = []
+    with tqdm(total=len(refs), unit="node", desc="nodes", disable=None) as bar:
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            node = refs[done[0]]
+            try:
+                results.append({**ray.get(done[0]), "node": f"{node['NodeManagerAddress']} {node['NodeID'][:8]}"})
+            except Exception as e:  # noqa: BLE001  (the node's task died, or its engine did not answer)
+                results.append({"node": f"{node['NodeManagerAddress']} {node['NodeID'][:8]}", "engine": "?",
+                                "images": 0, "present": [], "pulled": {}, "evicted": [],
+                                "failed": {"*": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"}})
+            bar.update(1)
+    return results
+
+
+def summary_line(r: dict) -> str:
+    sources = sorted(set(r["pulled"].values()))
+    return (f"node {r['node']} (engine {r['engine']}): {r['images']} image(s): {len(r['present'])} present, "
+            f"{len(r['pulled'])} fetched{' from ' + ', '.join(sources) if sources else ''}, {len(r['failed'])} "
+            f"failed, {len(r['evicted'])} evicted")
+
+
+def cmd_pull(args) -> int:
+    """``sao images pull``: exit 0 when every sandbox node has every selected image, else 1."""
+    cfg = args.cfg
+    tasks, _errors = tasks_from_config(cfg)
+    results = pull_everywhere(cfg, cfg.tasks.source, tasks)
+    for r in results:
+        print(summary_line(r))
+        for image, why in r["failed"].items():
+            print(f"  {image}: {why}")
+    return 1 if any(r["failed"] for r in results) else 0
+
+
+def cmd_save(args) -> int:
+    """``sao images save --dir D``: the selected tasks' images of this engine as tarballs in D."""
+    tasks, _errors = tasks_from_config(args.cfg)
+    images = task_images(tasks)
+    client = docker_client(args.cfg.docker)
+    missing = [i for i in images if not image_exists(client, i)]
+    if missing:
+        raise UserError(f"{len(missing)} image(s) not on this engine, e.g. {missing[0]}: pull or build them first")
+    save_images(client, images, Path(args.dir))
+    print(f"images: {len(images)} tarball(s) in {args.dir} (use it with docker.image_sources: [dir:{args.dir}])")
+    return 0

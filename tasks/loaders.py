@@ -7,7 +7,9 @@
 - a local ``.jsonl`` / ``.json`` / ``.parquet`` file or a ``datasets`` ``save_to_disk`` directory;
 - a Hugging Face dataset id (``SWE-bench/SWE-bench_Verified``), through ``datasets`` where the hub is
   reachable. Reachability is probed first with a short timeout, so an offline machine fails in
-  seconds with a message saying how to pass a local file instead.
+  seconds with a message saying how to pass a local file instead;
+- several of these, comma-separated: a mixed source (``Task.source`` names the part a task came from;
+  ``sao eval`` reports per part).
 
 Each row goes through an adapter (``tasks.adapters``; ``adapter="auto"`` picks it from the columns
 and ``Task.adapter`` says which). Errors are ``TaskError``/``UserError`` with one line naming the
@@ -177,23 +179,37 @@ def _task_repo_rows(repo: Path, split: str, instances: list[str] | None) -> list
     return out
 
 
-def load_tasks_lenient(source: str, *, split: str = "test", adapter: str = "auto",
-                       instances: list[str] | None = None) -> tuple[list[Task], list[TaskError]]:
-    """Every task of ``source`` that validates, and a TaskError for each one that does not."""
+def source_parts(source: str) -> list[str]:
+    """The sources ``source`` names: itself, or for a mixed source the comma-separated parts
+    (``bundled,rows/swe_gym.jsonl,nebius/SWE-rebench``)."""
     source = str(source)
+    if "," not in source or Path(source).exists():
+        return [source]
+    return [p.strip() for p in source.split(",") if p.strip()]
+
+
+def _source_rows(source: str, split: str, instances: list[str] | None) -> list:
     repo = resolve_task_repo(source)
     if repo is not None:
-        rows = [row for _, row in _task_repo_rows(repo, split, instances)]
-    elif is_local(source):
-        rows = read_local_rows(source, split)
-    elif source.count("/") == 1:
-        rows = read_hub_rows(source, split)
-    else:
-        raise UserError(f"task source {source!r}: not a file, directory, 'bundled' or a Hugging Face "
-                        "dataset id (owner/name)")
+        return [row for _, row in _task_repo_rows(repo, split, instances)]
+    if is_local(source):
+        return read_local_rows(source, split)
+    if source.count("/") == 1:
+        return read_hub_rows(source, split)
+    raise UserError(f"task source {source!r}: not a file, directory, 'bundled' or a Hugging Face "
+                    "dataset id (owner/name)")
+
+
+def load_tasks_lenient(source: str, *, split: str = "test", adapter: str = "auto",
+                       instances: list[str] | None = None) -> tuple[list[Task], list[TaskError]]:
+    """Every task of ``source`` (one source, or several: ``source_parts``) that validates, and a
+    TaskError for each one that does not; ``Task.source`` names the part it came from."""
+    parts = source_parts(source)
+    repo = resolve_task_repo(parts[0]) if len(parts) == 1 else None  # a lone task repo reads only `instances`
+    rows = [(part, row) for part in parts for row in _source_rows(part, split, instances if repo else None)]
     tasks, errors = [], []
     seen: set[str] = set()
-    for row in rows:
+    for part, row in rows:
         if isinstance(row, TaskError):
             errors.append(row)
             continue
@@ -207,7 +223,7 @@ def load_tasks_lenient(source: str, *, split: str = "test", adapter: str = "auto
             errors.append(TaskError(task.instance_id, "instance_id", "duplicate instance id in the source"))
             continue
         seen.add(task.instance_id)
-        task.adapter = used
+        task.adapter, task.source = used, part
         tasks.append(task)
     if instances and repo is None:
         missing = [i for i in instances if i not in seen | {e.instance_id for e in errors}]

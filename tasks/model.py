@@ -81,6 +81,7 @@ class Task:
     extra: dict[str, Any] = field(default_factory=dict)  # every other column, kept verbatim
     notes: list[str] = field(default_factory=list)  # what an adapter could not map ("<field>: why")
     adapter: str | None = None  # the adapter that mapped the row (tasks.adapters)
+    source: str | None = None  # the task source it was loaded from (one part of a mixed tasks.source)
 
     @property
     def id(self) -> str:

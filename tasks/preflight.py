@@ -24,17 +24,8 @@ from tasks.model import Task, TaskError
 EXAMPLES = 3
 
 
-# Formats whose rows grade officially but not yet under the guard (every episode would end infra_error).
-NO_GUARDED_GRADE = {
-    "r2e-gym": "no guarded grade yet: the clean re-run cannot locate R2E-Gym's held-out tests (/r2e_tests, outside "
-               "the repository), so every episode would end infra_error",
-}
-
-
 def reason_of(task: Task, image_problem: Callable[[Task], str | None]) -> str | None:
     """Why ``task`` cannot run here, grouped by cause (None: usable)."""
-    if task.adapter in NO_GUARDED_GRADE:
-        return NO_GUARDED_GRADE[task.adapter]
     missing = task.missing_fields()
     if missing:
         why = task.why(missing[0])

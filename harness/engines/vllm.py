@@ -341,7 +341,7 @@ class VLLMEngine(Engine):
             from vllm.inputs import TokensPrompt
         except ImportError as e:
             raise EngineError("engine.kind=vllm needs vLLM: on GPUs pip install -e '.[gpu]', on CPU `make test-vllm` "
-                              "builds .venv-vllm (see the README, 'What needs a GPU'); import failed: "
+                              "builds .venv-vllm (see docs/gpu.md); import failed: "
                               f"{e}") from None
         self._vllm, self._tokens_prompt = vllm, TokensPrompt
         self.model_path = str(model_path)

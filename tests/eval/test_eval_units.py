@@ -262,3 +262,53 @@ def test_context_budget_end_is_truncated_context_not_infra():
     dead = SimpleNamespace(status="infra_error", error="SandboxUnavailable: container exited")
     assert _status(dead, Trajectory(task_id="t", status="truncated_context"), None) == "infra_error"
     assert INFRA != CONTEXT
+
+
+def test_a_mixed_source_is_reported_per_dataset(tmp_path):
+    """A comma-separated eval.dataset mixes datasets (each task knows its part): the overall report is as
+    for one dataset, plus each dataset's resolved rates and its own swebench summary (synthetic verdicts)."""
+    from eval.grading import dataset_reports
+    from eval.report import write_report
+    from tasks.loaders import load_tasks_lenient
+
+    fixtures = Path(__file__).parent.parent / "tasks" / "fixtures" / "datasets"
+    gym, rebench = str(fixtures / "swe_gym.jsonl"), str(fixtures / "swe_rebench.jsonl")
+    mixed = f"bundled,{gym},{rebench}"
+    tasks, errors = load_tasks_lenient(mixed, instances=[IDS[0], IDS[1], "getmoto__moto-7365",
+                                                         "0b01001001__spectree-64"])
+    assert errors == [] and [(t.source, t.adapter) for t in tasks] == [
+        ("bundled", "swebench"), ("bundled", "swebench"), (gym, "swe-gym"), (rebench, "swe-rebench")]
+    resolved = {IDS[0], "getmoto__moto-7365"}
+    run_id, logs = "ev", tmp_path / "logs"
+    preds = {t.instance_id: {"instance_id": t.instance_id, "model_name_or_path": "m", "model_patch": "diff"}
+             for t in tasks}
+    for iid in preds:  # what swebench's run_instance leaves: one report per graded instance
+        (logs / run_id / "m" / iid).mkdir(parents=True)
+        (logs / run_id / "m" / iid / "report.json").write_text(json.dumps({iid: {"resolved": iid in resolved}}))
+    grades = {iid: {"instance_id": iid, "status": "resolved" if iid in resolved else "unresolved",
+                    "official_status": "resolved" if iid in resolved or iid == IDS[1] else "unresolved",
+                    "resolved_guarded": iid in resolved, "resolved_official": iid in resolved or iid == IDS[1]}
+              for iid in preds}
+    per = dataset_reports(preds, tasks, run_id, log_root=logs, out_dir=tmp_path / "ev", default=mixed)
+    assert list(per) == ["bundled", gym, rebench]
+    summaries = {name: json.loads(Path(path).read_text()) for name, path in per.items()}
+    assert Path(per["bundled"]).parent == tmp_path / "ev" / "datasets" / "bundled"
+    assert {n: (s["total_instances"], s["submitted_instances"], s["resolved_ids"]) for n, s in summaries.items()} == {
+        "bundled": (2, 2, [IDS[0]]), gym: (1, 1, ["getmoto__moto-7365"]), rebench: (1, 1, [])}
+    manifest = {"name": "ev", "model_name_or_path": "m", "dataset": mixed, "split": "test", "guard": True}
+    report, files = write_report(tmp_path / "ev", tasks=tasks, preds=preds, grades=grades, episodes={},
+                                 manifest=manifest, swebench_summary=None, dataset_reports=per)
+    assert (report["total"], report["resolved_guarded"], report["resolved_official"]) == (4, 2, 3)  # as before
+    assert {n: (d["total"], d["resolved"], d["rate"], d["resolved_official"], d["formats"])
+            for n, d in report["by_dataset"].items()} == {
+        "bundled": (2, 1, 0.5, 2, ["swebench"]), gym: (1, 1, 1.0, 1, ["swe-gym"]),
+        rebench: (1, 0, 0.0, 0, ["swe-rebench"])}
+    assert files["swebench[bundled]"] == per["bundled"] and files[f"swebench[{gym}]"] == per[gym]
+    md = (tmp_path / "ev" / "report.md").read_text()
+    assert f"| bundled | swebench | 2 | 1 | 50.0% | 2 | 100.0% | 0 | {per['bundled']} |" in md
+    assert "<h2>Per dataset</h2>" in (tmp_path / "ev" / "report.html").read_text()
+    single = write_report(tmp_path / "one", tasks=tasks[:2], preds=preds, grades=grades, episodes={},
+                          manifest=manifest, swebench_summary=None)[0]
+    assert list(single["by_dataset"]) == ["bundled"]  # one dataset: no per-dataset section or summaries
+    assert "Per dataset" not in (tmp_path / "one" / "report.md").read_text()
+    assert dataset_reports(preds, tasks[:2], run_id, log_root=logs, out_dir=tmp_path / "one", default=mixed) == {}

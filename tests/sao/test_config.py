@@ -98,7 +98,7 @@ def test_trainer_recomputes_logprobs_under_the_rollout_sampling(project_root):
 
 
 def test_every_key_has_a_description_and_every_section_a_docstring():
-    """`sao config --markdown` (README.md's table) is generated from these: none may be empty."""
+    """`sao config --markdown` (docs/config.md's table) is generated from these: none may be empty."""
     undescribed = [key for key, _, description in config_keys(Config()) if not description.strip()]
     assert not undescribed, f"config keys without Field(description=...): {undescribed}"
     sections = {type(getattr(Config(), name)) for name in Config.model_fields}

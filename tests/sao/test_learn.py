@@ -103,7 +103,7 @@ def test_every_arm_gets_the_same_rl_time_and_value_pretraining_is_its_own_stage(
     `sao train` gets trainer.max_minutes = learn.minutes, whatever the value stages cost."""
     ran, clock = [], [0.0]
 
-    def run(self, name, args):  # each stage takes 2 minutes of the (fake) clock
+    def run(self, name, args, config=None):  # each stage takes 2 minutes of the (fake) clock
         ran.append((name, args))
         clock[0] += 120.0
         return True

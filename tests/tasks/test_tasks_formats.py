@@ -284,11 +284,28 @@ def test_r2e_episode_setup_hides_the_held_out_tests(make_sandbox):
     sb.run(R2E_EPISODE_SETUP, check=True)  # idempotent: nothing left to move is not an error
 
 
-def test_r2e_rows_are_held_back_until_their_guarded_grade_exists(tmp_path):
-    """R2E-Gym grades officially, but the guard's clean run cannot find its tests yet: refused up front,
-    not after a whole episode as an infra_error."""
+def test_r2e_rows_pass_the_preflight_check(tmp_path):
+    """R2E-Gym rows have a guarded grade (the clean run finds /r2e_tests): usable, no longer held back."""
     (task,) = [t for t in load_tasks(str(FIXTURES / "r2e_gym.jsonl")) if t.instance_id == "aiohttp__f0d74880deec"]
     lines = []
-    with pytest.raises(UserError, match="no guarded grade yet"):
-        usable_tasks([task], [], skip=False, log=lines.append)
-    assert any("R2E-Gym's held-out tests" in line for line in lines)
+    assert usable_tasks([task], [], skip=False, log=lines.append) == [task]
+    assert lines == ["tasks: 1 of 1 usable (format: r2e-gym)"]
+
+
+def test_r2e_test_ids_are_found_in_the_held_out_files():
+    """R2E-Gym names a test without its file (``Class.test[params]``); the clean run grades the node ids
+    of every held-out file that defines it (pytest's default collection, read from the AST)."""
+    from tasks.clean_run import r2e_node_ids
+
+    sources = {"r2e_tests/test_1.py": b"class TestA:\n    def test_x(self): pass\n    def helper(self): pass\n"
+                                      b"    class TestIn:\n        def test_y(self): pass\n"
+                                      b"def test_plain(): pass\nclass Other:\n    def test_no(self): pass\n",
+               "r2e_tests/test_2.py": b"import pytest\n@pytest.mark.parametrize('v', [1])\ndef test_p(v): pass\n"
+                                      b"def test_plain(): pass\n",
+               "r2e_tests/test_3.py": b"def broken(:\n"}
+    ids = ["TestA.test_x", "TestA.TestIn.test_y", "test_plain", "test_p[1]", "TestA.helper", "Other.test_no"]
+    assert r2e_node_ids(sources, ids) == {
+        "TestA.test_x": ["r2e_tests/test_1.py::TestA::test_x"],
+        "TestA.TestIn.test_y": ["r2e_tests/test_1.py::TestA::TestIn::test_y"],
+        "test_plain": ["r2e_tests/test_1.py::test_plain", "r2e_tests/test_2.py::test_plain"],
+        "test_p[1]": ["r2e_tests/test_2.py::test_p[1]"]}  # helper, Other: not tests; left out (an infra failure)
