@@ -105,7 +105,7 @@ def main() -> int:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(ROOT / ".cache/sao", 0), attn_implementation="sdpa")
     model.train()
-    mbt = TrainerConfig().micro_batch_tokens
+    mbt = TrainerConfig().max_tokens_per_microbatch
     secs = {p: step_time(model, traces[p], args.repeats, mbt) for p in PROFILES}
     for p in PROFILES:
         width = max(t.num_tokens for t in traces[p])

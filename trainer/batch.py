@@ -1,7 +1,12 @@
-"""Trajectories (harness.trace) -> padded [B, T] tensors, and token-budget micro-batches.
+"""Trajectories (harness.trace) -> padded [B, T] tensors, and packed token-budget micro-batches.
 
-One trajectory is one row, right-padded. The terminal reward sits on the row's last action token
-(docs/algorithm.md section 3.1); a trajectory without action tokens is an empty row (it trains nothing).
+One trajectory is one row, right-padded: the layout of GAE, advantages and metrics (per row, on CPU).
+The model passes run on packed micro-batches instead (`micro_batches`, `pack`): whole rows laid end
+to end in one [1, L] sequence with no padding, position ids restarting at 0 at each row's first
+token, attention kept inside each row (docs/algorithm.md section 4.7).
+
+The terminal reward sits on the row's last action token (docs/algorithm.md section 3.1); a
+trajectory without action tokens is an empty row (it trains nothing).
 Rejected with ValueError, naming the trajectory:
   - a trajectory without a reward (status infra_error, agent_error, stale ...): filter those out and
     count them before building a batch; they are never trained on as 0;
@@ -103,26 +108,83 @@ def build_batch(trajectories: list[Trajectory], pad_token_id: int = 0) -> Trajec
     )
 
 
-def micro_batches(batch: TrajectoryBatch, max_tokens: int) -> list[list[int]]:
-    """Group rows so each group's padded size (rows x longest row) stays <= max_tokens.
+def pack_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices of `lengths` in groups of at most max_tokens tokens in total (bin packing).
 
-    Rows are taken shortest first, so rows of similar length share a group (little padding). A row
-    longer than max_tokens is a group of its own (it cannot be split: it is one sequence).
+    First-fit decreasing: longest first (ties in index order), each into the first group with room.
+    A length over max_tokens is a group of its own (a trajectory cannot be split: it is one
+    sequence); a length 0 is in no group (nothing to compute).
     """
     if max_tokens <= 0:
         raise ValueError(f"max_tokens must be > 0, got {max_tokens}")
-    lengths = batch.attention_mask.sum(1).tolist()
-    groups, current, longest = [], [], 0
-    for row in sorted(range(len(lengths)), key=lambda r: lengths[r]):
-        length = lengths[row]
-        if current and (len(current) + 1) * max(longest, length) > max_tokens:
-            groups.append(current)
-            current, longest = [], 0
-        current.append(row)
-        longest = max(longest, length)
-    if current:
-        groups.append(current)
+    groups: list[list[int]] = []
+    used: list[int] = []
+    for i in sorted((i for i, n in enumerate(lengths) if n), key=lambda i: -lengths[i]):  # stable sort
+        room = next((g for g, n in enumerate(used) if n + lengths[i] <= max_tokens), None)
+        if room is None:
+            groups.append([i])
+            used.append(lengths[i])
+        else:
+            groups[room].append(i)
+            used[room] += lengths[i]
     return groups
+
+
+def micro_batches(batch: TrajectoryBatch, max_tokens: int, rows: list[int] | None = None) -> list[list[int]]:
+    """The rows `rows` (default: all) of `batch` in packed micro-batches of at most max_tokens real
+    tokens, no padding (`pack_groups` of the rows' lengths; `pack` lays a group out)."""
+    lengths = batch.attention_mask.sum(1).tolist()
+    rows = list(range(len(lengths))) if rows is None else rows
+    return [[rows[i] for i in g] for g in pack_groups([lengths[r] for r in rows], max_tokens)]
+
+
+@dataclass
+class PackedRows:
+    """Rows of a TrajectoryBatch laid end to end: one sequence [1, L], L = their real tokens.
+
+    position_ids count 0..n_i-1 inside each row i, so a model called with position_ids and no
+    attention mask keeps attention inside each row (transformers' padding-free path: SDPA / eager
+    build the block-diagonal causal mask from the position ids, flash_attention_2 runs varlen on
+    them). Packed token j is token cols[j] of batch row batch_rows[j]: `gather` reads a [B, T]
+    tensor at the packed tokens, `scatter` writes packed values back into one.
+    """
+    rows: list[int]
+    input_ids: torch.Tensor  # [1, L] long
+    position_ids: torch.Tensor  # [1, L] long, 0 at each row's first token
+    action_mask: torch.Tensor  # [1, L] bool
+    logp_rollout: torch.Tensor  # [1, L] fp32
+    batch_rows: torch.Tensor  # [L] long (CPU): the batch row of each packed token
+    cols: torch.Tensor  # [L] long (CPU): its position in that row
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[1]
+
+    def to(self, device: torch.device | str) -> PackedRows:
+        """The model inputs on `device`; the index into the batch stays on the CPU, where the batch is."""
+        return PackedRows(self.rows, self.input_ids.to(device), self.position_ids.to(device),
+                          self.action_mask.to(device), self.logp_rollout.to(device), self.batch_rows, self.cols)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T] (a per-row tensor of the batch) at the packed tokens -> [1, L], on input_ids' device."""
+        return x[self.batch_rows, self.cols][None].to(self.input_ids.device)
+
+    def scatter(self, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Write packed values y [1, L] into out [B, T] at their rows and positions; returns out."""
+        out[self.batch_rows, self.cols] = y[0].detach().to(out.device, out.dtype)
+        return out
+
+
+def pack(batch: TrajectoryBatch, rows: list[int]) -> PackedRows:
+    """The rows `rows` of `batch` (a group of `micro_batches`), packed end to end (PackedRows)."""
+    if not rows:
+        raise ValueError("rows: an empty group, nothing to pack")
+    lengths = batch.attention_mask[rows].sum(1).tolist()
+    batch_rows = torch.repeat_interleave(torch.tensor(rows, dtype=torch.long), torch.tensor(lengths))
+    cols = torch.cat([torch.arange(n) for n in lengths])
+    return PackedRows(rows=list(rows), input_ids=batch.input_ids[batch_rows, cols][None],
+                      position_ids=cols[None].clone(), action_mask=batch.action_mask[batch_rows, cols][None],
+                      logp_rollout=batch.logp_rollout[batch_rows, cols][None], batch_rows=batch_rows, cols=cols)
 
 
 def minibatches(num_rows: int, n: int) -> list[list[int]]:

@@ -1,5 +1,7 @@
 """Checkpoints of `sao train`: written atomically, the newest `trainer.keep_checkpoints` kept.
 
+Two formats. One process (trainer.world_size = 1) writes the single-file format:
+
     <run>/checkpoints/
         latest              one line: the name of the newest complete checkpoint (replaced atomically)
         step-000003/
@@ -12,6 +14,22 @@
             rng.pt          python, numpy, torch (and CUDA) RNG states
             state.json      step, policy version, counters, and the position in the trace stream: the
                             traj ids consumed so far, in order (trained, excluded or dropped)
+
+Data-parallel ranks (trainer.world_size > 1) write the sharded format (`save_sharded_checkpoint`,
+every rank calls; nothing is gathered whole):
+
+        step-000003/
+            policy/         config.json + model.safetensors in the model dtype, hub tensor names: streamed
+                            one gathered tensor at a time by rank 0 (trainer.sharded.write_hf_policy); the
+                            tokenizer
+            dcp/            torch.distributed.checkpoint: the policy's and the critic's fp32 master
+                            weights and both AdamW states, one file of shards per rank (+ .metadata);
+                            loads on any world size, or unsharded in one process
+            trainer.pt      the running-mean baseline
+            rng.pt, state.json   as above
+
+Both formats load in one process (`restore_optimizers`) and on any number of ranks
+(trainer.distributed.build_sharded).
 
 Writing: everything goes to `checkpoints/.tmp-step-000003-<random>/`, every file and directory is
 fsynced, the directory is renamed to `step-000003` (atomic), the parent fsynced; then `latest` is
@@ -29,15 +47,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_model, save_model
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
 from core.files import atomic_write_text, fsync_dir
+from trainer import sharded
 from trainer.models import save_critic
 from trainer.precision import engine_weights
 
 LATEST = "latest"
 POLICY_MASTER = "policy_master.safetensors"
 STATE = "state.json"
+DCP_DIR = "dcp"
+TRAINER_STATE = "trainer.pt"
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
@@ -71,11 +94,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, policy, critic, trainer, 
                     keep: int) -> Path:
     """Write checkpoint `step` (see the module doc) and point `latest` at it; return its directory.
     `trainer.dtype` is the model dtype the servable policy/ is written in."""
-    root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    name = f"step-{step:06d}"
-    tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
-    final = root / name
+    name, tmp = _tmp_dir(run_dir, step)
     try:
         policy.save_pretrained(tmp / "policy", state_dict=engine_weights(policy, trainer.dtype),
                                safe_serialization=True)
@@ -89,21 +108,66 @@ def save_checkpoint(run_dir: str | Path, step: int, *, policy, critic, trainer, 
                  "critic": trainer.critic_optimizer.state_dict() if trainer.critic_optimizer is not None else None,
                  "baseline": trainer.baseline.state_dict() if trainer.baseline is not None else None}
         torch.save(optim, tmp / "optimizers.pt")
-        torch.save(rng_state(), tmp / "rng.pt")
-        (tmp / STATE).write_text(json.dumps({**state, "step": step}, indent=1))
-        _fsync_tree(tmp)
-        if final.exists():  # a checkpoint of this step from a lineage that was rolled back
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_dir(root)
+        return _commit(run_dir, tmp, name, state, step, keep)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tmp_dir(run_dir: str | Path, step: int) -> tuple[str, Path]:
+    """The checkpoint's name and the temporary directory it is written in (not created yet)."""
+    root = checkpoints_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:06d}"
+    return name, root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+
+
+def _commit(run_dir: str | Path, tmp: Path, name: str, state: dict, step: int, keep: int) -> Path:
+    """rng.pt and state.json into `tmp`, fsync it all, rename it to `name`, point `latest` at it, prune."""
+    root, final = checkpoints_dir(run_dir), checkpoints_dir(run_dir) / name
+    torch.save(rng_state(), tmp / "rng.pt")
+    (tmp / STATE).write_text(json.dumps({**state, "step": step}, indent=1))
+    _fsync_tree(tmp)
+    if final.exists():  # a checkpoint of this step from a lineage that was rolled back
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(root)
     atomic_write_text(root / LATEST, name + "\n")
     for old in list_checkpoints(run_dir)[:-keep]:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_sharded_checkpoint(run_dir: str | Path, step: int, *, trainer, tokenizer, state: dict,
+                            keep: int) -> Path | None:
+    """The sharded format (module doc) of a trainer.distributed rank's trainer; every rank calls (the
+    writes are collectives), rank 0 commits it as save_checkpoint does and returns its directory (None
+    elsewhere). The ranks write into rank 0's temporary directory (on several nodes: a shared file
+    system)."""
+    first = sharded.rank() == 0
+    where = [_tmp_dir(run_dir, step) if first else None]
+    dist.broadcast_object_list(where, src=0)
+    name, tmp = where[0]
+    try:
+        sharded.save_training_state(tmp / DCP_DIR, trainer)  # every rank writes (and fsyncs) its shards
+        sharded.write_hf_policy(tmp / "policy", trainer.policy.lm, trainer.dtype)
+        dist.barrier()
+        if not first:
+            return None
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / "policy")
+        baseline = trainer.baseline.state_dict() if trainer.baseline is not None else None
+        torch.save({"baseline": baseline}, tmp / TRAINER_STATE)
+        return _commit(run_dir, tmp, name, state, step, keep)
+    finally:
+        if first and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def is_sharded(ckpt: str | Path) -> bool:
+    """Whether `ckpt` is in the sharded format (a dcp/ directory) rather than the single-file one."""
+    return (Path(ckpt) / DCP_DIR / ".metadata").is_file()
 
 
 def _step(ckpt: Path) -> int:
@@ -171,17 +235,42 @@ def _set_config_dtype(config_json: Path, dtype: torch.dtype) -> None:
 
 
 def restore_optimizers(ckpt: str | Path, trainer) -> None:
-    """Load the training state into an `SAOTrainer` built on the checkpoint's models: the policy's fp32
-    master weights (policy/ holds them rounded to the model dtype), then the optimizer and baseline
-    states. The critic's directory holds its fp32 masters already."""
-    if (Path(ckpt) / POLICY_MASTER).is_file():  # a checkpoint from before master weights: policy/ only
-        load_model(trainer.policy, str(Path(ckpt) / POLICY_MASTER), device=str(trainer.device))
-    optim = torch.load(Path(ckpt) / "optimizers.pt", weights_only=False)
-    trainer.policy_optimizer.load_state_dict(optim["policy"])
-    if trainer.critic_optimizer is not None and optim["critic"] is not None:
-        trainer.critic_optimizer.load_state_dict(optim["critic"])
-    if trainer.baseline is not None and optim["baseline"] is not None:
-        trainer.baseline.load_state_dict(optim["baseline"])
+    """Load the training state into an `SAOTrainer` built on the checkpoint's architecture, in one
+    process or sharded (trainer.distributed; `trainer.dist` set), from either format:
+        sharded      the fp32 masters and AdamW states from dcp/ (resharded), the baseline
+        single-file  the policy's fp32 masters (policy/ holds them rounded to the model dtype; a sharded
+                     trainer read them at build), the AdamW states of optimizers.pt (integer ids in
+                     parameter order), the baseline. The critic's directory holds its fp32 masters."""
+    ckpt = Path(ckpt)
+    if is_sharded(ckpt):
+        sharded.load_training_state(ckpt / DCP_DIR, trainer)
+        baseline = torch.load(ckpt / TRAINER_STATE, weights_only=False)["baseline"]
+    else:
+        optim = torch.load(ckpt / "optimizers.pt", weights_only=False)
+        baseline = optim["baseline"]
+        if trainer.dist is not None:
+            _restore_sharded_optimizers(trainer, optim)
+        else:
+            if (ckpt / POLICY_MASTER).is_file():  # a checkpoint from before master weights: policy/ only
+                load_model(trainer.policy, str(ckpt / POLICY_MASTER), device=str(trainer.device))
+            trainer.policy_optimizer.load_state_dict(optim["policy"])
+            if trainer.critic_optimizer is not None and optim["critic"] is not None:
+                trainer.critic_optimizer.load_state_dict(optim["critic"])
+    if trainer.baseline is not None and baseline is not None:
+        trainer.baseline.load_state_dict(baseline)
+
+
+def _restore_sharded_optimizers(trainer, optim: dict) -> None:
+    """optimizers.pt's AdamW states (torch's format: integer ids in parameter order) into sharded
+    optimizers; every rank reads the whole file (the old format has no shards)."""
+    for module, optimizer, key in ((trainer.policy, trainer.policy_optimizer, "policy"),
+                                   (trainer.critic, trainer.critic_optimizer, "critic")):
+        if optimizer is None or optim.get(key) is None:
+            continue
+        names = [n for n, p in module.named_parameters() if p.requires_grad]
+        osd = {"state": {names[i]: v for i, v in optim[key]["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optim[key]["param_groups"]]}
+        set_optimizer_state_dict(module, optimizer, osd, options=StateDictOptions(full_state_dict=True))
 
 
 def restore_rng(ckpt: str | Path) -> None:

@@ -4,7 +4,8 @@ Defaults follow docs/algorithm.md; the tag says where a default comes from ([pap
 """
 from __future__ import annotations
 
-from typing import Literal
+import warnings
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -110,9 +111,17 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay, both models")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip, both models")
     logprob_chunk: int = Field(1024, gt=0, description="positions per chunk for token logprobs and entropy")
-    micro_batch_tokens: int = Field(32_768, gt=0, description="padded tokens per forward/backward micro-batch")
+    max_tokens_per_microbatch: int = Field(32_768, gt=0, description="tokens per forward/backward micro-batch: "
+                                           "whole trajectories packed end to end, no padding (a longer "
+                                           "trajectory is a micro-batch of its own)")
     gradient_checkpointing: bool = Field(False, description="transformers' activation checkpointing (long "
                                          "sequences)")
+    checkpoint_above_tokens: int | None = Field(8192, gt=0, description="activation checkpointing per decoder "
+                                                "layer in a forward whose micro-batch holds more tokens than "
+                                                "this (null = off; gradient_checkpointing=true: always on)")
+    offload_optimizer: bool = Field(False, description="trainer.world_size > 1: keep the fp32 master shards, "
+                                    "their gradients and the AdamW states in CPU memory (FSDP2 CPUOffloadPolicy; "
+                                    "the optimizer steps on the CPU)")
     device: str = Field("cpu", description="torch device of the policy and critic master weights and of "
                         "every training pass (\"cpu\", \"cuda\", \"cuda:1\", ...); forward passes run in "
                         "model.dtype under autocast")
@@ -162,6 +171,20 @@ class TrainerConfig(Section):
     sim_engine_s: float | None = Field(None, gt=0, description="simulated env: null = the configured engine "
                                        "generates; a number = a stand-in engine that sleeps this many seconds "
                                        "per turn (bench: the pipeline, not the model)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """trainer.micro_batch_tokens (padded tokens per micro-batch) became max_tokens_per_microbatch."""
+        if isinstance(data, dict) and "micro_batch_tokens" in data:
+            if "max_tokens_per_microbatch" in data:
+                raise ValueError("micro_batch_tokens: deprecated, and max_tokens_per_microbatch is set too; "
+                                 "keep only max_tokens_per_microbatch")
+            warnings.warn("trainer.micro_batch_tokens is deprecated: use trainer.max_tokens_per_microbatch "
+                          "(packed tokens, no padding)", FutureWarning, stacklevel=2)
+            data = {k: v for k, v in data.items() if k != "micro_batch_tokens"} | {
+                "max_tokens_per_microbatch": data["micro_batch_tokens"]}
+        return data
 
     @model_validator(mode="after")
     def _check_combinations(self) -> TrainerConfig:

@@ -1,15 +1,22 @@
 """Data-parallel SAO on torch.distributed FSDP2: `trainer.world_size` processes, one update.
 
-    every rank   gets the whole batch, selects as SAOTrainer does, trains on its slice: contiguous
-                 chunks of the kept trajectories (grpo: whole task groups, its advantages are per group)
+    every rank   gets the whole batch, selects as SAOTrainer does, trains on its part: near-equal
+                 token counts by greedy balancing (`split`; grpo: whole task groups, per-group advantages)
     global       the token counts N of the loss normalisers, whitening's mean and std, the running-mean
                  baseline (all_reduce / all_gather through `DataParallel`, the trainer's `dist` hook)
     gradients    each rank's loss is sum / N_global, FSDP reduce-scatters the *sum* over ranks (divide
                  factor 1), so the gradient is the single-process gradient of the whole batch
     balance      FSDP's collectives pair up only if every rank runs the same passes: a rank with fewer
                  micro-batches runs zero-loss passes on a 2-token input up to the ranks' most
-    rank 0       the metrics (sums and token-weighted means reduced), the gathered full state dicts
-                 (the weights to publish; checkpoints in trainer/checkpoint.py's format)
+    rank 0       the metrics (sums and token-weighted means reduced), the gathered full state dict
+                 (the weights to publish)
+
+Build (`build_sharded`, what `sao train` ranks run): the policy and the critic on the meta device,
+fully_shard per decoder layer + a root, each rank's shards read from the safetensors (trainer.sharded):
+no rank holds a whole model. Mixed precision: fp32 master shards and AdamW states, the all-gathered
+parameters in the model dtype, gradients reduced in fp32 (the value head all in fp32); optionally
+the masters and AdamW on the CPU (`trainer.offload_optimizer`). Checkpoints: every rank writes its
+shards (trainer.checkpoint.save_sharded_checkpoint).
 
 Process group: gloo on CPU, NCCL on GPU, a TCP store at `address` (127.0.0.1 locally, the driver's
 node address on a cluster). Ranks start as Ray actors (`start_ranks`) or processes (`spawn`).
@@ -20,22 +27,20 @@ from __future__ import annotations
 import pickle
 import socket
 from datetime import timedelta
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from harness.trace import Trajectory
-from trainer.models import Critic
+from trainer import sharded
+from trainer.checkpoint import POLICY_MASTER, is_sharded, read_state, restore_optimizers, save_sharded_checkpoint
+from trainer.config import TrainerConfig
+from trainer.models import Critic, load_critic
 from trainer.precision import autocast
 from trainer.sao import SAOTrainer
+from trainer.value_pretrain import freeze_critic, initial_critic
 
 SUMMED = ("value_loss", "value_loss_last_step", "trajectories", "micro_batches", "action_tokens", "tokens")
 TOKEN_MEANS = ("policy_loss", "entropy", "logp_abs_diff_mean", "adv_raw_mean", "adv_mean", "value_mean",
@@ -144,13 +149,30 @@ class LogprobView(nn.Module):
     def get_output_embeddings(self) -> nn.Module:
         return self.lm.get_output_embeddings()
 
+    def set_attn_implementation(self, implementation: str) -> None:
+        self.lm.set_attn_implementation(implementation)
 
-def _fsdp(root: nn.Module, layers: nn.ModuleList, mesh) -> nn.Module:
-    from torch.distributed.fsdp import FSDPModule, fully_shard  # lazy: torch.distributed piece
+
+def _fsdp(root: nn.Module, layers: nn.ModuleList, mesh, dtype: torch.dtype = torch.float32, offload: bool = False,
+          fp32_modules: tuple[nn.Module, ...] = ()) -> nn.Module:
+    """fully_shard each layer, each of `fp32_modules` (all-gathered in fp32), then the root. Mixed
+    precision: fp32 shards, all-gathered in `dtype`, gradients reduce-scattered in fp32."""
+    from torch.distributed.fsdp import (  # lazy: torch.distributed piece
+        CPUOffloadPolicy,
+        FSDPModule,
+        MixedPrecisionPolicy,
+        fully_shard,
+    )
+
+    def wrap(module, param_dtype):
+        fully_shard(module, mesh=mesh, offload_policy=CPUOffloadPolicy() if offload else None,
+                    mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32))
 
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(root, mesh=mesh)
+        wrap(layer, dtype)
+    for module in fp32_modules:
+        wrap(module, torch.float32)
+    wrap(root, dtype)
     for m in root.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)  # sum over ranks: each rank's loss is already / N_global
@@ -159,44 +181,141 @@ def _fsdp(root: nn.Module, layers: nn.ModuleList, mesh) -> nn.Module:
     return root
 
 
-def shard(trainer: SAOTrainer, dp: DataParallel) -> SAOTrainer:
-    """Shard the trainer's (fp32 master) policy and critic with fully_shard, per decoder layer plus
-    a root, rebuild the optimizers on the sharded parameters and install the global hooks."""
+def _shard_policy(lm: nn.Module, mesh, dtype: torch.dtype, offload: bool = False) -> LogprobView:
     from torch.distributed.fsdp import register_fsdp_forward_method  # lazy: torch.distributed piece
 
-    cfg = trainer.config
+    view = _fsdp(LogprobView(lm), lm.base_model.layers, mesh, dtype, offload)
+    register_fsdp_forward_method(view, "base_model")
+    return view
+
+
+def _shard_critic(critic: nn.Module, mesh, dtype: torch.dtype, offload: bool = False) -> nn.Module:
+    return _fsdp(critic, critic.backbone.layers, mesh, dtype, offload, fp32_modules=(critic.value_head,))
+
+
+def _check_world(cfg: TrainerConfig) -> None:
     if cfg.minibatches > 1:
         raise ValueError("trainer.world_size > 1 needs trainer.minibatches = 1 (a minibatch would be a slice "
                          "of each rank's part, not of the global batch)")
-    view = _fsdp(LogprobView(trainer.policy), trainer.policy.base_model.layers, dp.mesh)
-    register_fsdp_forward_method(view, "base_model")
-    trainer.policy = view
-    trainer.policy_params = [p for p in view.parameters() if p.requires_grad]
+
+
+def shard(trainer: SAOTrainer, dp: DataParallel) -> SAOTrainer:
+    """Shard an in-memory trainer's (fp32 master) policy and critic with fully_shard, per decoder layer
+    plus a root, mixed precision in the trainer's dtype; rebuild the optimizers on the sharded
+    parameters and install the global hooks (tests; `sao train` ranks run `build_sharded`)."""
+    cfg = trainer.config
+    _check_world(cfg)
+    trainer.policy = _shard_policy(trainer.policy, dp.mesh, trainer.dtype)
+    trainer.policy_params = [p for p in trainer.policy.parameters() if p.requires_grad]
     trainer.policy_optimizer = torch.optim.AdamW(trainer.policy_params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if trainer.critic is not None:
-        _fsdp(trainer.critic, trainer.critic.backbone.layers, dp.mesh)
+        _shard_critic(trainer.critic, dp.mesh, trainer.dtype)
         trainer.critic_params = [p for p in trainer.critic.parameters() if p.requires_grad]
         trainer.critic_optimizer = torch.optim.AdamW(trainer.critic_params, lr=cfg.critic_lr,
                                                      weight_decay=cfg.weight_decay)
+    return _distributed(trainer, dp)
+
+
+def _distributed(trainer: SAOTrainer, dp: DataParallel) -> SAOTrainer:
     if trainer.baseline is not None:
         trainer.baseline = GlobalBaseline(trainer.baseline, dp)
     trainer.dist = dp
     return trainer
 
 
+def _critic_weights(cfg: TrainerConfig, model_path: str, ckpt, critic: nn.Module, base_prefix: str):
+    """Where a sharded critic's weights come from (None: the checkpoint's DCP state) and whether its
+    value head starts at zero: the old checkpoint format's critic/, the value-pretraining checkpoint,
+    or the policy's own backbone weights (the file's "model." for the critic's "backbone.")."""
+    if ckpt is not None:
+        return (None, False) if is_sharded(ckpt) else (sharded.SafetensorsSource(ckpt / "critic"), False)
+    if cfg.value_pretrain_checkpoint:
+        return sharded.SafetensorsSource(cfg.value_pretrain_checkpoint), False
+    rename = lambda n: base_prefix + n.removeprefix("backbone")
+    return sharded.SafetensorsSource(model_path, rename, sharded.conversions(critic.backbone)), True
+
+
+def build_sharded(cfg: TrainerConfig, model_path: str, dtype: str, dp: DataParallel, ckpt=None,
+                  seed: int = 0) -> SAOTrainer:
+    """The SAOTrainer of one rank, sharded from the start, fresh from `model_path` or resumed from `ckpt`
+    (either checkpoint format, any world size):
+        meta build   policy = model_path's (or ckpt's policy/) architecture; critic = initial_critic(policy)
+                     (resumed: the policy's, or the old format's critic/ architecture), frozen as
+                     trainer.critic_freeze* says
+        shard        fully_shard per decoder layer + root, mixed precision, to_empty: the shards alone
+        weights      the policy's from model_path (fresh), the old format's fp32 masters, or DCP; the
+                     critic's as `_critic_weights` says
+    """
+    _check_world(cfg)
+    torch.manual_seed(seed)  # the loop's seed, as in one process
+    compute = getattr(torch, dtype)
+    lm = sharded.meta_causal_lm(ckpt / "policy" if ckpt else model_path)
+    critic = None
+    if cfg.advantage == "gae":
+        if ckpt is None:
+            critic = initial_critic(cfg, lm)
+        elif is_sharded(ckpt):  # the policy's architecture; the weights are in dcp/
+            critic = Critic.from_policy(lm)
+        else:
+            critic = load_critic(ckpt / "critic", weights=False)
+        freeze_critic(critic, cfg)
+    above = None if cfg.gradient_checkpointing else cfg.checkpoint_above_tokens
+    if cfg.gradient_checkpointing or above is not None:
+        for model in (lm, critic.backbone if critic is not None else None):
+            if model is not None:
+                sharded.checkpoint_layers(model, above)
+    home = torch.device("cpu") if cfg.offload_optimizer else dp.device  # where the fp32 shards live
+    policy = _shard_policy(lm, dp.mesh, compute, cfg.offload_optimizer)
+    sharded.materialize(policy, home, [lm])
+    if ckpt is None:
+        sharded.load_parameters(lm, sharded.SafetensorsSource(model_path, converters=sharded.conversions(lm)))
+    elif not is_sharded(ckpt):  # the old format: the fp32 masters (or, older, policy/ in the model dtype)
+        master = ckpt / POLICY_MASTER
+        sharded.load_parameters(lm, sharded.SafetensorsSource(master) if master.is_file() else
+                                sharded.SafetensorsSource(ckpt / "policy", converters=sharded.conversions(lm)))
+    if critic is not None:
+        _shard_critic(critic, dp.mesh, compute, cfg.offload_optimizer)
+        sharded.materialize(critic, home, [critic.backbone])
+        source, zero_head = _critic_weights(cfg, model_path, ckpt, critic, lm.base_model_prefix)
+        if source is not None:
+            sharded.load_parameters(critic, source, skip=("value_head.",) if zero_head else ())
+        if zero_head:
+            with torch.no_grad():
+                for p in critic.value_head.parameters():
+                    p.zero_()
+    # SAOTrainer moves the modules to config.device and turns on checkpointing: both done here already
+    trainer = SAOTrainer(policy, critic, cfg.model_copy(update={"device": str(home), "gradient_checkpointing": False}),
+                         dtype=compute)
+    trainer.config, trainer.device = cfg, dp.device
+    _distributed(trainer, dp)
+    if ckpt is not None:
+        restore_optimizers(ckpt, trainer)
+        state = read_state(ckpt)
+        for key in ("policy_version", "updates", "critic_optimizer_steps", "policy_optimizer_steps"):
+            setattr(trainer, key, state[key])
+    return trainer
+
+
 def split(kept: list[Trajectory], world_size: int, by_task: bool = False) -> list[list[Trajectory]]:
-    """Contiguous, near-equal parts (rank order = batch order); by_task: whole task groups per part."""
-    units: dict[str, list[Trajectory]] = {}
+    """One part per rank, of near-equal token counts (greedy balancing, longest processing time first).
+
+    Units are the trajectories (by_task: each task's whole group, as GRPO's advantages are per group).
+    Longest unit first (ties: batch order), each goes to the rank with the fewest tokens so far (ties:
+    fewer units, then the lower rank), so the ranks' token counts differ by at most one unit. Each
+    part is in batch order. Deterministic: every rank computes the same parts from the same batch.
+    """
+    units: dict[str, list[int]] = {}
     for i, t in enumerate(kept):
-        units.setdefault(t.task_id if by_task else str(i), []).append(t)
-    groups, parts, done = list(units.values()), [], 0
-    for r in range(world_size):
-        part, goal = [], round(len(kept) * (r + 1) / world_size)
-        while groups and (done < goal or r == world_size - 1):
-            part += groups.pop(0)
-            done = sum(map(len, parts)) + len(part)
-        parts.append(part)
-    return parts
+        units.setdefault(t.task_id if by_task else str(i), []).append(i)
+    groups = sorted(units.values(), key=lambda g: -sum(kept[i].num_tokens for i in g))  # stable
+    owned: list[list[int]] = [[] for _ in range(world_size)]
+    tokens, count = [0] * world_size, [0] * world_size
+    for g in groups:
+        r = min(range(world_size), key=lambda r: (tokens[r], count[r], r))
+        owned[r] += g
+        tokens[r] += sum(kept[i].num_tokens for i in g)
+        count[r] += 1
+    return [[kept[i] for i in sorted(part)] for part in owned]
 
 
 def full_state_dict(module: nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -205,55 +324,17 @@ def full_state_dict(module: nn.Module, prefix: str = "") -> dict[str, torch.Tens
     return {k.removeprefix(prefix): v for k, v in sd.items()}
 
 
-def _full_optimizer_state(module: nn.Module, optimizer, prefix: str = "") -> dict:
-    """The optimizer's gathered state in torch's own format (integer ids in parameter order), rank 0."""
-    osd = get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=True,
-                                                                              cpu_offload=True))
-    names = [n for n, p in module.named_parameters() if p.requires_grad]
-    index = {n: i for i, n in enumerate(names)}
-    state = {index[k]: v for k, v in osd.get("state", {}).items()}
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in osd.get("param_groups", [])]
-    return {"state": state, "param_groups": groups} if dist.get_rank() == 0 else {}
-
-
-def gathered(trainer: SAOTrainer) -> SimpleNamespace | None:
-    """Unsharded CPU copies for checkpoint.save_checkpoint(policy=, critic=, trainer=) on rank 0 (None
-    elsewhere); every rank must call. Costs one fp32 copy of both models on rank 0."""
-    from transformers import AutoModel, AutoModelForCausalLM  # lazy: heavy
-
-    policy_sd = full_state_dict(trainer.policy, "lm.")
-    critic_sd = full_state_dict(trainer.critic) if trainer.critic is not None else None
-    optim = _full_optimizer_state(trainer.policy, trainer.policy_optimizer)
-    critic_optim = (_full_optimizer_state(trainer.critic, trainer.critic_optimizer)
-                    if trainer.critic_optimizer is not None else None)
-    if dist.get_rank() != 0:
-        return None
-    policy = AutoModelForCausalLM.from_config(trainer.policy.lm.config, dtype=torch.float32)
-    policy.load_state_dict(policy_sd)
-    critic = None
-    if critic_sd is not None:
-        critic = Critic(AutoModel.from_config(trainer.critic.backbone.config, dtype=torch.float32))
-        critic.load_state_dict(critic_sd)
-    baseline = trainer.baseline.baseline if isinstance(trainer.baseline, GlobalBaseline) else trainer.baseline
-    view = SimpleNamespace(dtype=trainer.dtype, baseline=baseline,
-                           policy_optimizer=SimpleNamespace(state_dict=lambda: optim),
-                           critic_optimizer=None if critic_optim is None
-                           else SimpleNamespace(state_dict=lambda: critic_optim))
-    return SimpleNamespace(policy=policy, critic=critic, trainer=view)
-
-
 # --- one rank, and how ranks start --------------------------------------------------------------
 
 class RankTrainer:
-    """One data-parallel rank: the process group and its sharded SAOTrainer. `build()` returns the
-    (unsharded) SAOTrainer every rank starts from: the same weights on every rank."""
+    """One data-parallel rank: the process group and its sharded SAOTrainer, `build(dp)`: a trainer
+    sharded already (`build_sharded`), or an in-memory one with the same weights on every rank,
+    sharded here."""
 
-    def __init__(self, rank: int, world_size: int, address: tuple[str, int], build, device: str = "cpu",
-                 ckpt=None):
+    def __init__(self, rank: int, world_size: int, address: tuple[str, int], build, device: str = "cpu"):
         self.dp = DataParallel(rank, world_size, address, device)
-        self.trainer = shard(build(), self.dp)
-        if ckpt is not None:  # sharding rebuilt the optimizers: their states again, from the checkpoint
-            load_optimizer_states(self, ckpt)
+        trainer = build(self.dp)
+        self.trainer = trainer if trainer.dist is not None else shard(trainer, self.dp)
 
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """One update on the global batch (every rank gets all of it); the metrics of the whole
@@ -288,22 +369,23 @@ class RankTrainer:
         return metrics
 
     def policy_weights(self, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:
-        """The full policy state dict (rank 0; {} elsewhere), cast to `dtype` (the engine's) if given."""
-        sd = full_state_dict(self.trainer.policy, "lm.")
-        if dtype is None:
-            return sd
+        """The full policy state dict (rank 0; {} elsewhere), cast to `dtype` (the engine's) if given:
+        gathered one tensor at a time, each cast before its gather (no whole fp32 copy anywhere)."""
+        from torch.distributed.tensor import DTensor  # lazy: torch.distributed piece
+
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+        out = {}
+        for name, t in self.trainer.policy.lm.state_dict().items():
+            t = t.detach().to(dtype) if dtype is not None and t.is_floating_point() else t.detach()
+            full = t.full_tensor() if isinstance(t, DTensor) else t
+            if self.dp.rank == 0:
+                out[name] = full.cpu()
+        return out
 
     def save_checkpoint(self, run_dir, step: int, *, tokenizer=None, state: dict, keep: int):
-        """checkpoint.save_checkpoint from the gathered models (rank 0 writes; the path, None elsewhere)."""
-        from trainer.checkpoint import save_checkpoint  # lazy: only the checkpointing rank needs it
-
-        full = gathered(self.trainer)
-        if full is None:
-            return None
-        return save_checkpoint(run_dir, step, policy=full.policy, critic=full.critic, trainer=full.trainer,
-                               tokenizer=tokenizer, state=state, keep=keep)
+        """checkpoint.save_sharded_checkpoint: every rank writes its shards (rank 0: the path; None elsewhere)."""
+        return save_sharded_checkpoint(run_dir, step, trainer=self.trainer, tokenizer=tokenizer, state=state,
+                                       keep=keep)
 
     def counters(self) -> dict[str, int]:
         t = self.trainer
@@ -314,31 +396,13 @@ class RankTrainer:
         self.dp.close()
 
 
-def load_optimizer_states(rt: RankTrainer, ckpt) -> None:
-    """Resume: a checkpoint's AdamW states (torch's format, integer ids in parameter order) into the
-    sharded optimizers; every rank reads the file (on several nodes: a shared file system)."""
-    saved = torch.load(f"{ckpt}/optimizers.pt", weights_only=False)
-    t = rt.trainer
-    for module, optimizer, key in ((t.policy, t.policy_optimizer, "policy"), (t.critic, t.critic_optimizer, "critic")):
-        if optimizer is None or saved.get(key) is None:
-            continue
-        names = [n for n, p in module.named_parameters() if p.requires_grad]
-        osd = {"state": {names[i]: v for i, v in saved[key]["state"].items()},
-               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved[key]["param_groups"]]}
-        set_optimizer_state_dict(module, optimizer, osd, options=StateDictOptions(full_state_dict=True))
+def build_from_config(cfg, ckpt, dp: DataParallel) -> SAOTrainer:
+    """The `build` of a `sao train` rank (functools.partial(build_from_config, cfg, ckpt)): `build_sharded`
+    from the run config, fresh or from `ckpt`."""
+    return build_sharded(cfg.trainer, cfg.model.path, cfg.model.dtype, dp, ckpt, seed=cfg.run.seed)
 
 
-def build_from_config(cfg, ckpt=None) -> SAOTrainer:
-    """The `build` of a `sao train` rank (functools.partial(build_from_config, cfg, ckpt)): the trainer
-    loop.build_trainer builds, fresh or from `ckpt`."""
-    from trainer.loop import build_trainer  # lazy: the loop imports Ray and the actors
-
-    torch.manual_seed(cfg.run.seed)  # the loop's seed: a fresh critic head starts alike on every rank
-    return build_trainer(cfg, cfg.model.path, ckpt)[2]
-
-
-def start_ranks(world_size: int, build, device: str = "cpu", host: str = "127.0.0.1", num_gpus: float = 0,
-                ckpt=None):
+def start_ranks(world_size: int, build, device: str = "cpu", host: str = "127.0.0.1", num_gpus: float = 0):
     """`world_size` RankTrainer Ray actors (one per rank, Ray places them over the cluster's nodes;
     `host` is this node's address the others reach: rank 0 runs here). Returns the actor handles, rank
     order. Every call on them (update, policy_weights, save_checkpoint) goes to all ranks; rank 0 answers."""
@@ -349,7 +413,7 @@ def start_ranks(world_size: int, build, device: str = "cpu", host: str = "127.0.
     actor = ray.remote(num_gpus=num_gpus)(RankTrainer)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     return [(actor.options(scheduling_strategy=here) if r == 0 else actor).remote(r, world_size, (host, port), build,
-                                                                                 device, ckpt)
+                                                                                 device)
             for r in range(world_size)]
 
 

@@ -56,6 +56,7 @@ from tasks.loaders import tasks_from_config
 from trainer.actors import TaskFeed
 from trainer.checkpoint import (
     clean_partial,
+    is_sharded,
     latest_checkpoint,
     read_state,
     restore_optimizers,
@@ -68,6 +69,8 @@ from trainer.queue import Counters, Entry, TraceQueue
 from trainer.ranks import Ranks, publish_weights
 from trainer.ray_utils import LoopError, get, start_ray
 from trainer.sao import SAOTrainer
+from trainer.sharded import checkpoint_layers
+from trainer.value_pretrain import initial_critic
 from trainer.weight_sync import make_weight_sync
 from trainer.workers import EngineReplicas, WorkerPool
 
@@ -78,7 +81,9 @@ __all__ = ["LoopError", "build_trainer", "start_ray", "train"]
 
 
 def build_trainer(cfg, model_path: str, ckpt: Path | None):
-    """(policy, critic, SAOTrainer, tokenizer), fresh from `model_path` or restored from `ckpt`."""
+    """(policy, critic, SAOTrainer, tokenizer) of one process, fresh from `model_path` (the critic:
+    value_pretrain.initial_critic) or restored from `ckpt` (either checkpoint format: a sharded one's
+    fp32 masters come from its dcp/, see checkpoint.restore_optimizers)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: heavy
 
     tc = cfg.trainer
@@ -87,16 +92,16 @@ def build_trainer(cfg, model_path: str, ckpt: Path | None):
     tokenizer = AutoTokenizer.from_pretrained(src)
     critic = None
     if tc.advantage == "gae":
-        if ckpt:
+        if ckpt and not is_sharded(ckpt):
             critic = load_critic(ckpt / "critic")
-        elif tc.value_pretrain_checkpoint:
-            critic = load_critic(tc.value_pretrain_checkpoint)
-        else:
+        elif ckpt:  # the architecture; the weights come from dcp/
             critic = Critic.from_policy(policy)
-    if tc.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
-        if critic is not None:
-            critic.backbone.gradient_checkpointing_enable()
+        else:
+            critic = initial_critic(tc, policy)
+    if not tc.gradient_checkpointing and tc.checkpoint_above_tokens is not None:  # (always on: SAOTrainer)
+        for model in (policy, critic.backbone if critic is not None else None):
+            if model is not None:
+                checkpoint_layers(model, tc.checkpoint_above_tokens)
     trainer = SAOTrainer(policy, critic, tc)
     if ckpt:
         state = read_state(ckpt)

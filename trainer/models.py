@@ -4,6 +4,11 @@ Token alignment: the logprob and the value of token t are read at position t-1, 
 predicts it. Both come back as [B, T] tensors aligned with input_ids; position 0 has no predictor,
 so an action token at position 0 is rejected.
 
+Rows: padded ([B, T] with attention_mask) or packed (trainer.batch.PackedRows: [1, L] with
+position_ids restarting at 0 per trajectory and no mask; transformers then keeps attention inside
+each trajectory). In a packed row the token before a trajectory's first token is the previous
+trajectory's last: the first token of each trajectory (position id 0) has no predictor either.
+
 Sampling distribution (must equal the engine's, or r_t != 1 even on-policy): the rule of
 harness.engines.sampling, which is the order of transformers' generate and of vLLM:
     z = logits / temperature
@@ -21,6 +26,7 @@ O(T * vocab), and the [chunk, vocab] work is done in place.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from pathlib import Path
@@ -159,19 +165,92 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
                                       chunk_size)
 
 
-def policy_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def hidden_states(backbone, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The base model's last hidden states [B, T, H] of padded rows (attention_mask [B, T], or None
+    for rows without padding) or of packed rows (position_ids [1, L], restarting at 0 per trajectory,
+    and no mask: transformers builds the block-diagonal causal mask, or runs flash-attention varlen,
+    from the position ids; no KV cache, whose presence would turn that detection off)."""
+    if position_ids is None:
+        mask = None if attention_mask is None else attention_mask.long()
+        return backbone(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
+    if attention_mask is not None:
+        raise ValueError("attention_mask: packed rows (position_ids given) take none; the position ids keep "
+                         "attention inside each trajectory")
+    if position_ids.shape != input_ids.shape:
+        raise ValueError(f"position_ids {tuple(position_ids.shape)} must match input_ids {tuple(input_ids.shape)}")
+    return backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+
+
+PACKED_SDPA = "sdpa_packed"  # transformers' SDPA attention, per trajectory on packed rows (use_packed_sdpa)
+
+
+def _packed_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' SDPA attention, except on a packed row (one row, no mask, position ids restarting
+    at 0): there causal SDPA runs on each trajectory's slice alone. Same result as the block-diagonal
+    [L, L] mask, without building it or computing the L^2 - sum n_i^2 scores it discards."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # lazy: heavy
+
+    position_ids = kwargs.get("position_ids")
+    starts = [] if position_ids is None or attention_mask is not None or query.shape[0] != 1 \
+        or key.shape[2] != query.shape[2] else (position_ids[0] == 0).nonzero().flatten().tolist()
+    if len(starts) < 2 or starts[0] != 0:  # not packed: one sequence (causal) or a padded batch (its mask)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    gqa = query.shape[1] != key.shape[1]
+    out = [torch.nn.functional.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e],
+                                                            dropout_p=dropout, scale=scaling, is_causal=True,
+                                                            enable_gqa=gqa)
+           for s, e in zip(starts, starts[1:] + [query.shape[2]])]
+    return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _packed_sdpa_mask(*args, attention_mask=None, **kwargs):
+    """No mask without a padding mask (the attention above is causal per trajectory); else SDPA's."""
+    from transformers.masking_utils import sdpa_mask  # lazy: heavy
+
+    return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def use_packed_sdpa(model: nn.Module) -> nn.Module:
+    """Run a transformers model on "sdpa" attention with PACKED_SDPA instead: identical on padded rows
+    and single sequences, per-trajectory SDPA on packed rows (no [L, L] mask, which at L = 32k is
+    1 GiB and L^2 attention scores). Other implementations are kept: flash_attention_2 runs varlen
+    from the position ids itself, eager builds the mask. Returns the model."""
+    from transformers import AttentionInterface, AttentionMaskInterface  # lazy: heavy
+
+    AttentionInterface.register(PACKED_SDPA, _packed_sdpa_attention)
+    AttentionMaskInterface.register(PACKED_SDPA, _packed_sdpa_mask)
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(PACKED_SDPA)
+    return model
+
+
+def _sequence_starts(input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """[B, T] bool: the first token of each sequence (column 0 of padded rows, position id 0 of packed)."""
+    if position_ids is not None:
+        return position_ids == 0
+    starts = torch.zeros(input_ids.shape, dtype=torch.bool, device=input_ids.device)
+    starts[:, 0] = True
+    return starts
+
+
+def policy_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                           action_mask: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
-                          top_p: float = 1.0, chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+                          top_p: float = 1.0, chunk_size: int = 1024,
+                          position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A causal LM's logprobs and entropies at the action tokens -> (logp [B, T], entropy [B, T]).
 
     Logits are computed only at the positions that predict action tokens, in chunks; the output is 0
     at every other position. `model` is a transformers causal LM (`base_model` + output embeddings).
+    Padded rows: attention_mask; packed rows: position_ids and attention_mask=None (module doc).
     """
     if action_mask.shape != input_ids.shape:
         raise ValueError(f"action_mask {tuple(action_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
-    if action_mask[:, 0].any():
-        raise ValueError("action_mask: an action token at position 0 has no context to be predicted from")
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask.long()).last_hidden_state
+    if (action_mask & _sequence_starts(input_ids, position_ids)).any():
+        raise ValueError("action_mask: an action token at position 0 of a sequence (a packed trajectory's "
+                         "first token too) has no context to be predicted from")
+    hidden = hidden_states(model.base_model, input_ids, attention_mask, position_ids)
     predicted = action_mask[:, 1:]  # token t+1 is predicted at position t
     head = model.get_output_embeddings()
     logp, entropy = chunked_token_logprobs(hidden[:, :-1][predicted], head.weight, input_ids[:, 1:][predicted],
@@ -199,8 +278,12 @@ class Critic(nn.Module):
 
     @classmethod
     def from_policy(cls, policy: nn.Module) -> Critic:
-        """A critic initialised from an in-memory policy (a copy of its base model)."""
-        return cls(copy.deepcopy(policy.base_model))
+        """A critic initialised from an in-memory policy (a copy of its base model); from a policy on
+        the meta device, a critic on the meta device (a sharded build loads its weights)."""
+        meta = next(policy.parameters()).is_meta
+        backbone = copy.deepcopy(policy.base_model)
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            return cls(backbone)
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs) -> Critic:
@@ -208,14 +291,15 @@ class Critic(nn.Module):
         from transformers import AutoModel  # lazy: heavy
         return cls(AutoModel.from_pretrained(path, **kwargs))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Values [B, T], fp32, token-aligned: V[:, t] = head(h[:, t-1]); V[:, 0] = 0."""
-        if attention_mask is not None:
-            attention_mask = attention_mask.long()
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Values [B, T], fp32, token-aligned: V[:, t] = head(h[:, t-1]); V = 0 at each sequence's first
+        token (column 0 of padded rows; position id 0 of packed rows, see the module doc)."""
+        hidden = hidden_states(self.backbone, input_ids, attention_mask, position_ids)
         with torch.autocast(device_type=hidden.device.type, enabled=False):  # the value head runs in fp32
             values = self.value_head(hidden[:, :-1].float()).squeeze(-1)
-        return torch.nn.functional.pad(values, (1, 0))
+        values = torch.nn.functional.pad(values, (1, 0))
+        return values.masked_fill(_sequence_starts(input_ids, position_ids), 0.0)
 
 
 def save_critic(critic: Critic, directory: str | Path) -> Path:
@@ -227,14 +311,19 @@ def save_critic(critic: Critic, directory: str | Path) -> Path:
     return directory
 
 
-def load_critic(directory: str | Path) -> Critic:
+def load_critic(directory: str | Path, weights: bool = True) -> Critic:
     """Rebuild a critic saved by save_critic (architecture from config.json, weights from safetensors).
-    Built in fp32, so saved fp32 master weights load exactly (config.json's dtype would round them)."""
+    Built in fp32, so saved fp32 master weights load exactly (config.json's dtype would round them).
+    weights=False: on the meta device, no weights read (a sharded build reads each rank's shard)."""
     from transformers import AutoConfig, AutoModel  # lazy: heavy
     directory = Path(directory)
     if not (directory / CRITIC_WEIGHTS).is_file():
         raise ValueError(f"directory {directory} holds no {CRITIC_WEIGHTS}")
-    critic = Critic(AutoModel.from_config(AutoConfig.from_pretrained(directory), dtype=torch.float32))
+    config = AutoConfig.from_pretrained(directory)
+    if not weights:
+        with torch.device("meta"):
+            return Critic(AutoModel.from_config(config, dtype=torch.float32))
+    critic = Critic(AutoModel.from_config(config, dtype=torch.float32))
     load_model(critic, str(directory / CRITIC_WEIGHTS))
     return critic
 

@@ -3,7 +3,7 @@ trainer.distributed behind what the loop reads of a SAOTrainer.
 
     update(trajectories)     one ray.put, `update` on every rank, rank 0's metrics
     policy_weights(dtype)    the gather on every rank (a collective), rank 0's state dict: what is published
-    save_checkpoint(...)     the gathered checkpoint on every rank, rank 0 writes it (trainer/checkpoint.py)
+    save_checkpoint(...)     every rank writes its shards (trainer/checkpoint.py), rank 0 the rest
     policy_version, updates, critic_optimizer_steps, policy_optimizer_steps: rank 0's `counters()`
 
 Rank 0 runs on the driver's node and serves the process group's TCP store there: at 127.0.0.1 on a
@@ -42,7 +42,7 @@ class Ranks:
         self.tokenizer = AutoTokenizer.from_pretrained(str(ckpt / "policy") if ckpt else cfg.model.path)
         build = functools.partial(distributed.build_from_config, cfg, ckpt)
         self.actors = distributed.start_ranks(tc.world_size, build, "cuda" if cuda else "cpu", host,
-                                              num_gpus=1 if cuda else 0, ckpt=ckpt)
+                                              num_gpus=1 if cuda else 0)
         self._refresh(f"starting {self.world_size} trainer ranks")
         log(f"trainer: {self.world_size} FSDP2 ranks ({distributed.backend('cuda' if cuda else 'cpu')}, "
             f"store at {host}), policy version {self.policy_version}")

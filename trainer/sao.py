@@ -1,7 +1,7 @@
 """One SAO update: values -> advantages and returns -> K critic steps -> one policy step.
 
-    batch      = build_batch(trajectories)                          padded [B, T] tensors
-    V          = critic(batch)                                      no grad, micro-batched
+    batch      = build_batch(trajectories)                          padded [B, T] tensors (per row)
+    V          = critic(batch)                                      no grad, packed micro-batches
     A          = GAE(V, r; lambda_p)   (policy_lambda, per row)     or GRPO / running mean
     G          = GAE(V, r; lambda_c) + V                            the critic's targets
     A          = whiten(A) over action tokens                       (switch; never for GRPO, already
@@ -18,9 +18,13 @@ Precision and device (trainer.precision): the policy and critic become fp32 mast
 `trainer.device`; every forward runs under autocast in the dtype the modules were loaded in (the
 model dtype), every pass in train mode so activation checkpointing is active.
 
-Micro-batches: rows are grouped so each forward holds at most `micro_batch_tokens` padded tokens;
-each micro-batch's loss is a *sum* over its tokens, gradients accumulate, and are divided by the
-batch's token count N before clipping, so the step equals the step on the whole batch.
+Micro-batches: whole trajectories packed end to end, at most `max_tokens_per_microbatch` real
+tokens per forward, no padding (trainer.batch.micro_batches / pack: position ids restart per
+trajectory, attention stays inside each one). The model passes read their inputs from the padded
+[B, T] batch at the packed tokens (`gather`) and write their outputs back (`scatter`), so GAE,
+advantages and metrics stay per row. Each micro-batch's loss is a *sum* over its tokens, gradients
+accumulate, and are divided by the batch's token count N before clipping, so the step equals the
+step on the whole batch.
 
 Exclusions (never trained, always counted in the metrics): trajectories without a reward
 (infra_error, agent_error, stale), those older than `max_staleness` policy versions, and those with
@@ -44,7 +48,7 @@ import torch
 from torch import nn
 
 from harness.trace import Trajectory
-from trainer.batch import TrajectoryBatch, build_batch, micro_batches, minibatches
+from trainer.batch import PackedRows, TrajectoryBatch, build_batch, micro_batches, minibatches, pack
 from trainer.config import TrainerConfig
 from trainer.losses import RunningMeanBaseline, explained_variance, value_loss, whiten_advantages
 from trainer.models import (
@@ -52,6 +56,7 @@ from trainer.models import (
     critic_freeze_patterns,
     freeze_parameters,
     policy_token_logprobs,
+    use_packed_sdpa,
 )
 from trainer.objective import policy_loss, training_advantages, value_mask
 from trainer.precision import (
@@ -61,11 +66,6 @@ from trainer.precision import (
     to_master_weights,
     train_mode,
 )
-
-
-def _rows(x: torch.Tensor, mb: TrajectoryBatch, rows: list[int]) -> torch.Tensor:
-    """The rows of a [B, T] tensor that make up micro-batch mb (trimmed to its width), on mb's device."""
-    return x[torch.tensor(rows, dtype=torch.long), :mb.input_ids.shape[1]].to(mb.input_ids.device)
 
 
 def _grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:
@@ -93,6 +93,9 @@ class SAOTrainer:
         for module in (policy, critic):
             if module is not None:
                 to_master_weights(module).to(self.device)
+        use_packed_sdpa(policy)  # packed micro-batches: SDPA per trajectory, no [L, L] mask (trainer.models)
+        if critic is not None:
+            use_packed_sdpa(critic.backbone)
         if config.gradient_checkpointing:
             enable_activation_checkpointing(policy)
             if critic is not None:
@@ -145,10 +148,9 @@ class SAOTrainer:
     def compute_values(self, batch: TrajectoryBatch, groups: list[list[int]]) -> torch.Tensor:
         values = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for rows in groups:
-            mb = batch.select(rows).to(self.device)
+            mb = pack(batch, rows).to(self.device)
             with autocast(self.device, self.dtype):
-                v = torch.where(mb.attention_mask, self.critic(mb.input_ids, mb.attention_mask), 0.0)
-            values[torch.tensor(rows)[:, None], torch.arange(v.shape[1])[None, :]] = v.float().cpu()
+                mb.scatter(self.critic(mb.input_ids, position_ids=mb.position_ids), values)
         self._balance(self.critic, len(groups))
         return values
 
@@ -165,10 +167,10 @@ class SAOTrainer:
             self.critic_optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for rows in groups:
-                mb = batch.select(rows).to(self.device)
+                mb = pack(batch, rows).to(self.device)
                 with autocast(self.device, self.dtype):
-                    v = self.critic(mb.input_ids, mb.attention_mask)
-                loss = value_loss(v, _rows(returns, mb, rows), _rows(trained, mb, rows), _rows(values_old, mb, rows),
+                    v = self.critic(mb.input_ids, position_ids=mb.position_ids)
+                loss = value_loss(v, mb.gather(returns), mb.gather(trained), mb.gather(values_old),
                                   clip=cfg.value_clip, normalizer=n_trained)
                 loss.backward()
                 total += loss.item()
@@ -181,42 +183,42 @@ class SAOTrainer:
                 "critic/grad_norm": sum(grad_norms) / len(grad_norms),
                 "critic/lr": self.critic_optimizer.param_groups[0]["lr"]}
 
-    def _logprobs(self, mb: TrajectoryBatch):
+    def _logprobs(self, mb: PackedRows):
         cfg = self.config
         with autocast(self.device, self.dtype):
-            return policy_token_logprobs(self.policy, mb.input_ids, mb.attention_mask, mb.action_mask,
-                                         cfg.temperature, cfg.top_k, cfg.top_p, cfg.logprob_chunk)
+            return policy_token_logprobs(self.policy, mb.input_ids, None, mb.action_mask, cfg.temperature,
+                                         cfg.top_k, cfg.top_p, cfg.logprob_chunk, position_ids=mb.position_ids)
 
     @torch.no_grad()
     def _pi_old(self, batch, groups) -> tuple[torch.Tensor, torch.Tensor]:
         """(logp, entropy) [B, T] of the policy as it is now (before this update), no gradient."""
         logp_old, entropy_old = torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape)
         for rows in groups:
-            mb = batch.select(rows).to(self.device)
+            mb = pack(batch, rows).to(self.device)
             logp, entropy = self._logprobs(mb)
-            index = (torch.tensor(rows)[:, None], torch.arange(logp.shape[1])[None, :])
-            logp_old[index], entropy_old[index] = logp.cpu(), entropy.cpu()
+            mb.scatter(logp, logp_old)
+            mb.scatter(entropy, entropy_old)
         self._balance(self.policy, len(groups))
         return logp_old, entropy_old
 
     def _optimizer_step(self, batch, groups, advantages, logp_old, record=None) -> tuple[float, dict]:
         """Accumulate the summed loss over micro-batches, divide the gradients by N, clip, step.
-        `record(rows, logp, entropy)` sees each micro-batch's detached pre-step logp and entropy.
+        `record(mb, logp, entropy)` sees each packed micro-batch's pre-step logp and entropy [1, L].
         Returns the gradient norm and the token-weighted ppo_clip_frac of the step."""
         cfg = self.config
         self.policy_optimizer.zero_grad(set_to_none=True)
         num_kept, clipped = 0.0, 0.0
         for rows in groups:
-            mb = batch.select(rows).to(self.device)
+            mb = pack(batch, rows).to(self.device)
             logp, entropy = self._logprobs(mb)
-            old = None if logp_old is None else _rows(logp_old, mb, rows)
-            loss_sum, metrics = policy_loss(logp, mb.logp_rollout, _rows(advantages, mb, rows), mb.action_mask,
+            old = None if logp_old is None else mb.gather(logp_old)
+            loss_sum, metrics = policy_loss(logp, mb.logp_rollout, mb.gather(advantages), mb.action_mask,
                                             cfg, normalizer=1.0, logp_old=old)
             loss_sum.backward()
             num_kept += metrics.get("num_kept_tokens", 0.0)
             clipped += metrics.get("ppo_clip_frac", 0.0) * metrics["num_action_tokens"]
             if record is not None:
-                record(rows, logp.detach().cpu(), entropy.detach().cpu())
+                record(mb, logp, entropy)
         self._balance(self.policy, len(groups), backward=True)
         if cfg.policy_loss == "dis" and cfg.dis_denominator == "kept":
             n = self._sum(num_kept)
@@ -243,9 +245,9 @@ class SAOTrainer:
             logp_all = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
             entropy_all = torch.zeros_like(logp_all)
 
-            def record(rows, logp, entropy):
-                index = (torch.tensor(rows)[:, None], torch.arange(logp.shape[1])[None, :])
-                logp_all[index], entropy_all[index] = logp, entropy
+            def record(mb, logp, entropy):
+                mb.scatter(logp, logp_all)
+                mb.scatter(entropy, entropy_all)
 
             grad_norm, clip = self._optimizer_step(batch, groups, advantages, None, record)
             grad_norms, clipped, tokens = [grad_norm], clip["clipped"], clip["tokens"]
@@ -254,8 +256,7 @@ class SAOTrainer:
             grad_norms, clipped, tokens = [], 0.0, 0.0
             for _ in range(cfg.ppo_epochs):
                 for part in minibatches(len(batch), cfg.minibatches):
-                    part_groups = [[part[i] for i in g] for g in micro_batches(batch.select(part),
-                                                                                 cfg.micro_batch_tokens)]
+                    part_groups = micro_batches(batch, cfg.max_tokens_per_microbatch, part)
                     grad_norm, clip = self._optimizer_step(batch, part_groups, advantages, logp_all)
                     grad_norms.append(grad_norm)
                     clipped, tokens = clipped + clip["clipped"], tokens + clip["tokens"]
@@ -282,7 +283,7 @@ class SAOTrainer:
                 train_mode(module)
 
         batch = build_batch(kept, self.pad_token_id)
-        groups = micro_batches(batch, cfg.micro_batch_tokens)
+        groups = micro_batches(batch, cfg.max_tokens_per_microbatch)
         mask = batch.action_mask
         t0 = time.perf_counter()
         use_critic = cfg.advantage == "gae"

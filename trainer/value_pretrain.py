@@ -32,13 +32,20 @@ from core.errors import UserError
 from core.files import atomic_dir
 from harness.tiny_model import resolve_model_path
 from harness.trace import Trajectory
-from trainer.batch import TrajectoryBatch, build_batch, micro_batches
+from trainer.batch import TrajectoryBatch, build_batch, micro_batches, pack
 from trainer.config import TrainerConfig, ValuePretrainConfig
 from trainer.corpus import Corpus, read_corpus
 from trainer.gae import skip_observation_gae
 from trainer.losses import explained_variance, value_loss
 from trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
-from trainer.models import Critic, critic_freeze_patterns, freeze_parameters, load_critic, save_critic
+from trainer.models import (
+    Critic,
+    critic_freeze_patterns,
+    freeze_parameters,
+    load_critic,
+    save_critic,
+    use_packed_sdpa,
+)
 from trainer.precision import autocast, enable_activation_checkpointing, model_dtype, to_master_weights, train_mode
 
 OUT_DIR = "value_pretrain"
@@ -113,7 +120,8 @@ def load_backbone_critic(model_path: str, dtype: str = "float32") -> Critic:
 def initial_critic(trainer: TrainerConfig, policy: torch.nn.Module) -> Critic:
     """The critic `sao train` starts from: the value-pretraining checkpoint when
     `trainer.value_pretrain_checkpoint` is set (checked against the policy's architecture, cast to its
-    dtype; value head fp32), else a fresh Critic.from_policy(policy)."""
+    dtype; value head fp32), else a fresh Critic.from_policy(policy). A policy on the meta device
+    (trainer.distributed.build_sharded) gives a critic on the meta device: its weights are read later."""
     path = trainer.value_pretrain_checkpoint
     if path is None:
         return Critic.from_policy(policy)
@@ -121,7 +129,7 @@ def initial_critic(trainer: TrainerConfig, policy: torch.nn.Module) -> Critic:
         raise UserError(f"trainer.value_pretrain_checkpoint: directory not found: {path} "
                         "(run `sao value-pretrain` first)")
     try:
-        critic = load_critic(path)
+        critic = load_critic(path, weights=not next(policy.parameters()).is_meta)
     except (ValueError, OSError) as e:
         raise UserError(f"trainer.value_pretrain_checkpoint: {e}") from None
     mine, theirs = critic.backbone.config, policy.config
@@ -135,25 +143,24 @@ def initial_critic(trainer: TrainerConfig, policy: torch.nn.Module) -> Critic:
 
 # --- one pass over a batch ----------------------------------------------------------------------
 
-def _critic_pass(critic: Critic, batch: TrajectoryBatch, returns: torch.Tensor, micro_batch_tokens: int,
+def _critic_pass(critic: Critic, batch: TrajectoryBatch, returns: torch.Tensor, max_tokens: int,
                  device: torch.device, backward: bool, dtype: torch.dtype) -> tuple[float, torch.Tensor]:
     """Value loss (token mean over the batch's action tokens) and values [B, T] (CPU, detached);
     with backward=True the gradients of that loss accumulate in the critic. Forwards under autocast
-    to `dtype` (the model dtype), as SAOTrainer's."""
+    to `dtype` (the model dtype) on packed micro-batches of <= max_tokens tokens, as SAOTrainer's."""
     n_action = max(int(batch.action_mask.sum()), 1)
     values = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     total = 0.0
-    for rows in micro_batches(batch, micro_batch_tokens):
-        mb = batch.select(rows)
-        index = torch.tensor(rows, dtype=torch.long)
-        width = mb.input_ids.shape[1]
+    use_packed_sdpa(critic.backbone)  # idempotent: SDPA per trajectory on packed rows
+    for rows in micro_batches(batch, max_tokens):
+        mb = pack(batch, rows).to(device)
         with torch.set_grad_enabled(backward), autocast(device, dtype):
-            v = critic(mb.input_ids.to(device), mb.attention_mask.to(device))
-            loss = value_loss(v, returns[index, :width].to(device), mb.action_mask.to(device), normalizer=n_action)
+            v = critic(mb.input_ids, position_ids=mb.position_ids)
+            loss = value_loss(v, mb.gather(returns), mb.action_mask, normalizer=n_action)
         if backward:
             loss.backward()
         total += loss.item()
-        values[index[:, None], torch.arange(width)[None, :]] = v.detach().float().cpu()
+        mb.scatter(v, values)
     return total, values
 
 
@@ -170,7 +177,7 @@ def evaluate(critic: Critic, trajectories: list[Trajectory], trainer: TrainerCon
         batch = build_batch(trajectories[start:start + batch_size], pad_token_id)
         returns = monte_carlo_returns(batch, trainer.gamma)
         n = int(batch.action_mask.sum())
-        loss, values = _critic_pass(critic, batch, returns, trainer.micro_batch_tokens, device, False, dtype)
+        loss, values = _critic_pass(critic, batch, returns, trainer.max_tokens_per_microbatch, device, False, dtype)
         err, count = err + loss * n, count + n
         all_v.append(values[batch.action_mask])
         all_g.append(returns[batch.action_mask])
@@ -273,7 +280,7 @@ def pretrain_critic(critic: Critic, trajectories: list[Trajectory], vp: ValuePre
         returns = monte_carlo_returns(batch, trainer.gamma)
         train_mode(critic)  # as in SAOTrainer: activation checkpointing active, no dropout allowed
         optimizer.zero_grad(set_to_none=True)
-        loss, values = _critic_pass(critic, batch, returns, trainer.micro_batch_tokens, device, True, dtype)
+        loss, values = _critic_pass(critic, batch, returns, trainer.max_tokens_per_microbatch, device, True, dtype)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, trainer.max_grad_norm))
         optimizer.step()
         ev = explained_variance(values, returns, batch.action_mask)

@@ -100,3 +100,93 @@ def test_imports_inside_functions_are_only_lazy_ones_with_a_reason():
 def test_every_package_says_what_it_holds(pkg):
     init = ROOT / pkg / "__init__.py"
     assert init.is_file() and ast.get_docstring(ast.parse(init.read_text())), f"{pkg}/__init__.py needs a docstring"
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
+    """module -> the project modules it imports, anywhere in it (at the top, under TYPE_CHECKING, or
+    lazily inside a function: a lazy import hides a circle, it does not cut it). ``from a import b``
+    counts as an import of ``a.b`` when that is a module, else of ``a``."""
+    files = {_module_name(root, p): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))
+             if not {"suite", "bundled", "__pycache__"} & set(p.parts)}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        deps: set[str] = set()
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in files:  # `import a.b.c` of a non-module name: its nearest module
+                    t = t.rpartition(".")[0]
+                if t and t != mod:
+                    deps.add(t)
+        graph[mod] = deps
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle():
+    """No two project modules import each other, directly or through others."""
+    cycles = import_cycles(module_imports(ROOT))
+    assert not cycles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_an_import_circle_is_found(tmp_path):
+    """Power check: a two-module circle (one side under TYPE_CHECKING), a three-module one and one through
+    a lazy import are found."""
+    pkg = tmp_path / "core"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""x"""\n')
+    (pkg / "a.py").write_text("from core.b import f\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from core import a\n")
+    (pkg / "c.py").write_text("from . import d\n")
+    (pkg / "d.py").write_text("import core.e\n")
+    (pkg / "e.py").write_text("from .c import g\n")
+    (pkg / "f.py").write_text("def f():\n    from core import g  # lazy: test\n")
+    (pkg / "g.py").write_text("import core.f\n")
+    assert import_cycles(module_imports(tmp_path, ("core",))) == [
+        ["core.a", "core.b"], ["core.c", "core.d", "core.e"], ["core.f", "core.g"]]

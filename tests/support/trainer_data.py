@@ -49,7 +49,7 @@ def trajectory_with_break(traj_id="broken", reward=1.0, version=0) -> Trajectory
 
 def make_trainer(**overrides):
     policy = tiny_policy()
-    config = TrainerConfig(**({"lr": 1e-3, "critic_lr": 1e-2, "critic_warmup_steps": 0, "micro_batch_tokens": 96}
+    config = TrainerConfig(**({"lr": 1e-3, "critic_lr": 1e-2, "critic_warmup_steps": 0, "max_tokens_per_microbatch": 96}
                               | overrides))
     critic = Critic.from_policy(policy) if config.advantage == "gae" else None
     return SAOTrainer(policy, critic, config)

@@ -1,8 +1,8 @@
 """Data-parallel SAO on FSDP2 (trainer.distributed): 2 gloo processes on CPU give the update of one
 process on the whole batch.
 
-Reference: SAOTrainer.update on the global batch in this process. Each rank gets a contiguous slice
-and other micro-batch counts (micro_batch_tokens=96), so the balance passes, the global token counts,
+Reference: SAOTrainer.update on the global batch in this process. Each rank gets a token-balanced part
+and other micro-batch counts (max_tokens_per_microbatch=96), so the balance passes, the global token counts,
 the global whitening and FSDP's summed reduce-scatter all have to be right; clipping binds
 (max_grad_norm below the gradient norms), so the gradient's scale matters, not only its direction.
 Last, `sao train` itself with trainer.world_size=2 (trainer.ranks drives the rank actors).
@@ -26,8 +26,8 @@ from trainer.models import Critic
 from trainer.sao import SAOTrainer
 
 pytestmark = pytest.mark.slow
-CONFIG = {"lr": 1e-3, "critic_lr": 1e-3, "critic_warmup_steps": 0, "micro_batch_tokens": 96, "max_staleness": 100,
-          "max_grad_norm": 0.05}
+CONFIG = {"lr": 1e-3, "critic_lr": 1e-3, "critic_warmup_steps": 0, "max_tokens_per_microbatch": 96,
+          "max_staleness": 100, "max_grad_norm": 0.05}
 UPDATES = 2
 
 
@@ -42,7 +42,7 @@ def build() -> SAOTrainer:
 
 def _run(rank, world_size, address, variant, ckpt_dir):
     """One rank of one run: the updates, then (rank 0) the metrics, the gathered weights, a checkpoint."""
-    rt = distributed.RankTrainer(rank, world_size, address, build)
+    rt = distributed.RankTrainer(rank, world_size, address, lambda dp: build())
     if variant == "mean_of_rank_means":  # the classic mistake: per-rank token means, FSDP's averaging
         from torch.distributed.fsdp import FSDPModule
         rt.dp.sum = lambda x: x
@@ -106,16 +106,16 @@ def test_power_averaging_per_rank_means_fails(runs):
                max_relative_error(wrong["critic"], ref.critic.state_dict())) > 1e-3
 
 
-def test_the_gathered_checkpoint_resumes_a_single_process_trainer_exactly(runs):
-    """Today's checkpoint format (trainer/checkpoint.py): policy master, critic, int-keyed AdamW states."""
+def test_the_sharded_checkpoint_resumes_a_single_process_trainer_exactly(runs):
+    """The ranks' checkpoint format (trainer/checkpoint.py, sharded: policy/ + dcp/) in one process."""
     from transformers import AutoModelForCausalLM
 
     from trainer import checkpoint
-    from trainer.models import load_critic
 
     ref, path = runs["ref"], runs["right"]["path"]
-    trainer = SAOTrainer(AutoModelForCausalLM.from_pretrained(path / "policy", dtype=torch.float32),
-                         load_critic(path / "critic"), ref.config)
+    assert checkpoint.is_sharded(path)
+    policy = AutoModelForCausalLM.from_pretrained(path / "policy", dtype=torch.float32)
+    trainer = SAOTrainer(policy, Critic.from_policy(policy), ref.config)
     checkpoint.restore_optimizers(path, trainer)
     trainer.policy_version = checkpoint.read_state(path)["policy_version"]
     assert trainer.policy_version == ref.policy_version == UPDATES

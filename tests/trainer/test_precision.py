@@ -33,7 +33,7 @@ def bf16_trainer(model_dir, **overrides) -> SAOTrainer:
     (with a nonzero value head, so the backbone gets a gradient in the first step too)."""
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     config = TrainerConfig(**({"lr": LR, "critic_lr": LR, "critic_warmup_steps": 0, "max_staleness": 100,
-                               "micro_batch_tokens": 96} | overrides))
+                               "max_tokens_per_microbatch": 96} | overrides))
     critic = Critic.from_policy(policy)
     torch.nn.init.normal_(critic.value_head.weight, std=0.1, generator=torch.Generator().manual_seed(0))
     return SAOTrainer(policy, critic, config)
