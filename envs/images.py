@@ -14,12 +14,14 @@ from __future__ import annotations
 import fcntl
 import gzip
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from contextlib import contextmanager
@@ -30,7 +32,7 @@ from envs.config import DockerConfig
 from envs.engine import docker_client
 from envs.errors import ImageBuildError, ImageNotFound
 from envs.hostpkg import ensure_programs
-from envs.labels import OWNER_VALUE
+from envs.labels import OWNER_VALUE, run_labels
 from envs.mirror import debian_mirror
 
 # Images get their own label key: containers inherit image labels, and a container must carry
@@ -80,6 +82,25 @@ def image_exists(client, name: str) -> bool:
         return True
     except docker.errors.ImageNotFound:
         return False
+
+
+def read_image_file(client, image: str, path: str) -> str | None:
+    """Text of the file ``path`` in ``image`` (None when it is not a file there), through a container that
+    is created and never started (the archive API: no output to lose, unlike a short ``run``)."""
+    import docker  # lazy: docker-py's errors, next to the client
+
+    cid = client.api.create_container(image, command=["true"], network_disabled=True,
+                                      labels=run_labels(**{"sao-harness.kind": "image-read"}))["Id"]
+    try:
+        stream, _ = client.api.get_archive(cid, path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member is not None and member.isfile() else None
+            return f.read().decode(errors="replace") if f is not None else None
+    except docker.errors.NotFound:
+        return None
+    finally:
+        client.api.remove_container(cid, force=True)
 
 
 def require_image(client, name: str) -> None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import base64
-import shlex
 import time
 from dataclasses import dataclass, field
 
 from core.errors import UserError
+from envs import images as envs_images
 from envs.engine import docker_client, ensure_engine
 from tasks.diffparse import file_changes
 from tasks.grade import (
@@ -191,10 +191,7 @@ def probe_image(client, image: str, base_commit: str) -> tuple[str, set[str], se
 
 def read_image_file(client, image: str, path: str) -> str | None:
     """Text of ``/testbed/<path>`` in ``image`` (None when it is not there)."""
-    script = f"cd /testbed && if [ -f {shlex.quote(path)} ]; then base64 -w0 {shlex.quote(path)}; else echo NONE; fi"
-    out = client.containers.run(image, ["bash", "-c", script], remove=True, network_mode="none", user="root",
-                                stdout=True, stderr=False).decode().strip()
-    return None if out == "NONE" else base64.b64decode(out).decode(errors="replace")
+    return envs_images.read_image_file(client, image, f"/testbed/{path}")
 
 
 def _prove_hack(c: Check, name: str, r, kind: str) -> None:

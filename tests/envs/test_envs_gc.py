@@ -87,7 +87,8 @@ def test_cleanup_run_and_run_scope(docker_engine, base_image):
 
 
 _CHILD = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, whatever was inherited
     from envs.engine import docker_client
     from envs.gc import run_scope
     from envs.sandbox import Sandbox
