@@ -22,23 +22,11 @@ from pathlib import Path
 
 from sao.config import dump_config
 from sao.demo_report import write_demo_report
-from sao.learn import Stages, eval_resolved
+from sao.learn import Stages, _list, _pct, eval_resolved, fresh_dir
 from trainer.compare import summarize
 from trainer.metrics import read_metrics
 
 POLICIES = ("base", "sft", "sao")
-
-
-def demo_dir(cfg) -> Path:
-    return Path(cfg.run.root) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _list(items: list[str]) -> str:
-    return "[" + ",".join(items) + "]"
-
-
-def _pct(rate) -> str:
-    return "n/a" if rate is None else f"{100 * rate:.0f}%"
 
 
 def _num(x) -> str:
@@ -67,7 +55,7 @@ def run_demo(cfg, log=print) -> int:
     if not toy_source.is_file():
         log(f"demo: demo.toy_config={dc.toy_config}: no such file (run from the repository root, or give a path)")
         return 2
-    root = demo_dir(cfg).resolve()
+    root = fresh_dir(cfg).resolve()
     root.mkdir(parents=True)
     conf = root / "demo.yaml"
     conf.write_text(dump_config(cfg))

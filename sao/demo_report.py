@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from core.files import atomic_write_text
-from sao.learn_report import machine
+from sao.learn_report import html_page, machine, stage_table
 from trainer.metrics import read_metrics
 from trainer.plots import _moving_average
 
@@ -96,14 +96,9 @@ def write_demo_report(root: Path, *, toy_dir: Path, sao_dir: Path, toy: dict, re
     links += [("test-bed metrics", toy_dir / "metrics.jsonl"), ("SAO metrics", sao_dir / "metrics.jsonl")]
     link_items = "".join(f"<li><a href='{html.escape(os.path.relpath(p, root))}'>{html.escape(name)}</a></li>"
                          for name, p in links if p.is_file())
-    stage_rows = "".join(f"<tr><td>{html.escape(n)}</td><td>{html.escape(s)}</td><td>{seconds[n]:.0f} s</td></tr>"
-                         for n, s in stages.items())
-    atomic_write_text(files[2], (
-        "<!doctype html><meta charset='utf-8'><title>sao demo</title><style>body{font-family:sans-serif}"
-        "td,th{padding:2px 10px;text-align:right}td:first-child{text-align:left}</style>"
-        f"<h1>sao demo</h1><p><b>{html.escape(headline)}</b></p>"
-        f"<p>{html.escape(machine())}; demo time {wall_s / 60:.1f} min (setup excluded)</p>"
+    atomic_write_text(files[2], html_page(
+        "sao demo", headline, f"<p>{html.escape(machine())}; demo time {wall_s / 60:.1f} min (setup excluded)</p>"
         + (f"<p><img alt='curves and resolved rates' src='data:image/png;base64,{image}'></p>" if image else "")
-        + f"<h2>reports</h2><ul>{link_items}</ul><h2>stages</h2><table>{stage_rows}</table>"
-        f"<p>{html.escape(str(root))}</p>\n"))
+        + f"<h2>reports</h2><ul>{link_items}</ul><h2>stages</h2>{stage_table(stages, seconds)}"
+        f"<p>{html.escape(str(root))}</p>"))
     return [f for f in files if f.is_file()]

@@ -46,7 +46,8 @@ def _list(items: list[str]) -> str:
     return "[" + ",".join(items) + "]"
 
 
-def learn_dir(cfg) -> Path:
+def fresh_dir(cfg) -> Path:
+    """``<run.root>/<run.name>-<time>``: a new directory per `sao learn` / `sao demo` run."""
     return Path(cfg.run.root) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -118,7 +119,7 @@ def value_pretrain(stages: Stages, at, warm: Path, train_only: str, episodes: in
 def run_learn(cfg, log=print) -> int:
     t_start = time.monotonic()
     lc = cfg.learn
-    root = learn_dir(cfg).resolve()
+    root = fresh_dir(cfg).resolve()
     root.mkdir(parents=True)
     conf = root / "learn.yaml"
     conf.write_text(dump_config(cfg))

@@ -150,6 +150,21 @@ def _plot(path: Path, results: dict, runs: dict[str, list[dict]]) -> None:
     plt.close(fig)
 
 
+def stage_table(stages: dict[str, str], seconds: dict[str, float]) -> str:
+    """The HTML table of the stages: name, status, wall time."""
+    rows = "".join(f"<tr><td>{html.escape(n)}</td><td>{html.escape(s)}</td><td>{seconds[n]:.0f} s</td></tr>"
+                   for n, s in stages.items())
+    return f"<table>{rows}</table>"
+
+
+def html_page(title: str, headline: str, body: str) -> str:
+    """A self-contained report page: ``title``, the headline in bold, then ``body`` (HTML)."""
+    return ("<!doctype html><meta charset='utf-8'>"
+            f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif}}"
+            "td,th{padding:2px 10px;text-align:right}td:first-child{text-align:left}</style>"
+            f"<h1>{html.escape(title)}</h1><p><b>{html.escape(headline)}</b></p>{body}\n")
+
+
 def write_report(out: Path, *, cfg, root: Path, results: dict, arms: list[str], arm_dirs: dict[str, Path],
                  stages: dict[str, str], seconds: dict[str, float], wall_s: float, headline: str) -> list[Path]:
     """Write the four files into ``out``; returns their paths."""
@@ -177,13 +192,8 @@ def write_report(out: Path, *, cfg, root: Path, results: dict, arms: list[str], 
     head = "".join(f"<th>{html.escape(t)}</th>" for _, t in COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r[k]))}</td>" for k, _ in COLUMNS) + "</tr>"
                    for r in table)
-    stage_rows = "".join(f"<tr><td>{html.escape(n)}</td><td>{html.escape(s)}</td><td>{seconds[n]:.0f} s</td></tr>"
-                         for n, s in stages.items())
-    atomic_write_text(files[3], (
-        "<!doctype html><meta charset='utf-8'><title>sao learn</title><style>body{font-family:sans-serif}"
-        "td,th{padding:2px 10px;text-align:right}td:first-child{text-align:left}</style>"
-        f"<h1>sao learn</h1><p><b>{html.escape(headline)}</b></p><p>{html.escape(summary)}</p>"
-        f"<table><tr>{head}</tr>{body}</table>"
+    atomic_write_text(files[3], html_page(
+        "sao learn", headline, f"<p>{html.escape(summary)}</p><table><tr>{head}</tr>{body}</table>"
         + (f"<p><img alt='curves' src='data:image/png;base64,{image}'></p>" if image else "<p>no curves</p>")
-        + f"<h2>stages</h2><table>{stage_rows}</table><p>{html.escape(str(root))}</p>\n"))
+        + f"<h2>stages</h2>{stage_table(stages, seconds)}<p>{html.escape(str(root))}</p>"))
     return [f for f in files if f.is_file()]

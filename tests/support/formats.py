@@ -32,6 +32,7 @@ import tarfile
 
 from unidiff import PatchSet
 
+from envs.images import read_image_file
 from tasks.adapters import r2e_key, reverse_patch, swe_gym_image
 from tasks.evalscript import test_files
 from tasks.model import Task
@@ -65,17 +66,6 @@ def _build(client, tag: str, dockerfile: str, files: dict[str, bytes]) -> str:
     buf.seek(0)
     client.images.build(fileobj=buf, custom_context=True, tag=tag, network_mode="none", rm=True, forcerm=True)
     return tag
-
-
-def _read(client, image: str, path: str) -> str:
-    """A file of ``image`` (a created, never started container)."""
-    container = client.containers.create(image, command=["true"])
-    try:
-        stream, _ = container.get_archive(path)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            return tar.extractfile(tar.next()).read().decode()
-    finally:
-        container.remove(force=True)
 
 
 def with_gold(task: Task, gold: str) -> Task:
@@ -117,7 +107,7 @@ RUN cd /testbed && git apply /tmp/test.patch && rm /tmp/test.patch \\
  && git checkout -q -b {iid} && git add -A && git commit -q -m {iid} && git branch -D main \\
  && git rev-parse HEAD > /sao-base-commit && {PTH}
 """, {"test.patch": task.test_patch.encode()})
-    base = _read(client, image, "/sao-base-commit").strip()
+    base = read_image_file(client, image, "/sao-base-commit").strip()
     row = {"instance_id": iid, "repo": f"swesmith/{profile}", "patch": reverse_patch(task.patch),
            "FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS,
            "created_at": task.extra.get("created_at", ""), "image_name": f"swesmith.x86_64.{profile}",
