@@ -57,7 +57,7 @@ eval: setup docker
 	@$(SAO) eval --config $(CONFIG)
 
 bench: setup docker    ## benchmarks: each prints its figures and targets
-	@failed=""; for f in bench/*.py; do echo "== $$f"; $(PY) $$f || failed="$$failed $$f"; done; \
+	@failed=""; for f in bench/[!_]*.py; do echo "== $$f"; $(PY) $$f || failed="$$failed $$f"; done; \
 	 if [ -n "$$failed" ]; then echo "bench: targets missed or errors in:$$failed"; exit 1; fi
 
 clean:                 ## remove the venv, caches and run directories (not Docker images)

@@ -24,19 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import ROOT, fixed_update, verdict
 
-from sao.config import load_config  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def fixed_update(seconds: float):
-    def update(trainer, trajectories):
-        time.sleep(seconds)
-        trainer.policy_version += 1
-        return {"rollout/trajectories": float(len(trajectories))}
-    return update
+from sao.config import load_config
 
 
 def steady_state(run_dir: Path) -> dict:
@@ -73,12 +63,13 @@ def main() -> int:
     from trainer.ray_utils import start_ray
 
     root = Path(tempfile.mkdtemp(prefix="sao-bench-"))
-    common = [f"run.root={root}", f"model.cache_dir={REPO / '.cache/sao'}", "trainer.env=simulated",
-              f"trainer.sim_engine_s={args.gen_ms / 1000}", f"trainer.sim_env_sleep_s={args.env_ms / 1000}",
-              "trainer.sim_turns_median=30", "trainer.sim_turns_sigma=1.0", "trainer.sim_turns_max=300",
+    common = [f"run.root={root}", f"model.cache_dir={ROOT / '.cache/sao'}", "trainer.env=simulated",
+              f"testbed.simulated.engine_s={args.gen_ms / 1000}", f"testbed.simulated.env_sleep_s={args.env_ms / 1000}",
+              "testbed.simulated.turns_median=30", "testbed.simulated.turns_sigma=1.0",
+              "testbed.simulated.turns_max=300",
               f"rollout.workers={args.workers}", f"trainer.batch_size={args.batch}", "trainer.save_every=100000",
-              f"trainer.max_staleness={args.max_staleness}", "trainer.poll_interval_s=0.05",
-              "trainer.batch_timeout_s=300", "rollout.max_retries=0", "proxy.context_budget=1000000"]
+              f"trainer.max_staleness={args.max_staleness}", "runtime.poll_interval_s=0.05",
+              "runtime.batch_timeout_s=300", "rollout.max_retries=0", "proxy.context_budget=1000000"]
     modes = {
         "async": common + ["run.name=async", "trainer.mode=async", f"trainer.max_steps={args.steps_async}"],
         "sync": common + ["run.name=sync", "trainer.mode=sync", "trainer.group_size=8", "trainer.advantage=grpo",
@@ -86,11 +77,11 @@ def main() -> int:
     }
     print(f"workload: episode turns ~ LogNormal(median 30, sigma 1) in [1, 300]; turn = {args.gen_ms:g} ms engine + "
           f"{args.env_ms:g} ms environment; update {args.update_s:g} s; {args.workers} workers, batch {args.batch}")
-    start_ray(load_config(None, []), log=print)
+    start_ray(None, log=print)
     results = {}
     try:
         for mode, overrides in modes.items():
-            cfg = load_config(REPO / "configs/local.yaml", overrides)
+            cfg = load_config(ROOT / "configs/local.yaml", overrides)
             t0 = time.monotonic()
             train(cfg, update_fn=fixed_update(args.update_s), log=lambda m: None)
             results[mode] = r = steady_state(cfg.run.dir)
@@ -103,8 +94,8 @@ def main() -> int:
     ratio = results["async"]["per_min"] / results["sync"]["per_min"]
     ok_ratio, ok_idle = ratio >= 2.0, results["async"]["engine_idle"] < 0.10
     print(f"async / sync throughput: {ratio:.2f}x")
-    print(f"[{'PASS' if ok_ratio else 'FAIL'}] async throughput >= 2x sync ({ratio:.2f}x)")
-    print(f"[{'PASS' if ok_idle else 'FAIL'}] async engine idle < 10% ({results['async']['engine_idle']:.1%}); "
+    print(f"[{verdict(ok_ratio)}] async throughput >= 2x sync ({ratio:.2f}x)")
+    print(f"[{verdict(ok_idle)}] async engine idle < 10% ({results['async']['engine_idle']:.1%}); "
           f"sync engine idle {results['sync']['engine_idle']:.1%}")
     return 0 if ok_ratio and ok_idle else 1
 

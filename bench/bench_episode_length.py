@@ -20,12 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from _common import ROOT
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from harness.rollout import run_rollout, start_policy  # noqa: E402
+from harness.rollout import run_rollout, start_policy  # noqa: E402  (after the environment above)
 from harness.store import TraceStore  # noqa: E402
 from sao.config import load_config  # noqa: E402
 from tasks.loaders import load_tasks  # noqa: E402

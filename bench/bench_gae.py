@@ -17,16 +17,15 @@ Both are checked to give the vectorised numbers.
 """
 from __future__ import annotations
 
-import os
+import argparse
 import random
 import statistics
-import sys
 import time
 
 import torch
+from _common import verdict
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from trainer.gae import length_adaptive_lambda, skip_observation_gae  # noqa: E402
+from trainer.gae import length_adaptive_lambda, skip_observation_gae
 
 ROWS, LENGTH = 64, 32_768
 TENSOR_LOOP_ROWS = 1  # rows timed for the element-by-element tensor loop (then extrapolated)
@@ -81,6 +80,7 @@ def make_batch(seed=0):
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     torch.set_num_threads(1)
     values, rewards, mask = make_batch()
     lam = length_adaptive_lambda(mask.sum(1))
@@ -115,12 +115,12 @@ def main() -> None:
 
     speedup = tensor_loop / vectorised
     print(f"vectorised GAE at {ROWS} x {LENGTH // 1024}k: {speedup:.0f}x faster than the Python loop over the "
-          f"tensors (target >= 50x): {'PASS' if speedup >= 50 else 'FAIL'}")
+          f"tensors (target >= 50x): {verdict(speedup >= 50)}")
     strict = list_loop / vectorised
     print(f"vectorised GAE at {ROWS} x {LENGTH // 1024}k: {strict:.1f}x faster than the Python loop over lists "
-          f"(stricter baseline, same target >= 50x): {'PASS' if strict >= 50 else 'FAIL'}")
+          f"(stricter baseline, same target >= 50x): {verdict(strict >= 50)}")
     print(f"vectorised GAE matches both references to 1e-4: "
-          f"{'PASS' if max(error_tensor, error_list) < 1e-4 else 'FAIL'}")
+          f"{verdict(max(error_tensor, error_list) < 1e-4)}")
 
 
 if __name__ == "__main__":

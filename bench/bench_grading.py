@@ -5,23 +5,23 @@
 - grading: the gold patch per instance (official run + guarded verdict), and the guarded
   pair (a conftest hack: official run + guarded verdict), medians over generated tasks and, when
   present and built, up to three bundled tasks;
-- grading time per instance, old vs new guard (gold patches): "old" is round 2's shape (the official
-  run + one clean run; measured with this round's clean run, ``mutation=False``, whose tree check and
-  canaries add ~0.1 s), "new" the whole guarded verdict (the official run + the real run and the
+- grading time per instance, old vs new guard (gold patches): "old" is the guard without the mutation
+  run (the official run + one clean run, ``mutation=False``, whose tree check and canaries add
+  ~0.1 s), "new" the whole guarded verdict (the official run + the real run and the
   mutation run, started together).
 Targets: a small task grades in a few seconds; new <= 2x old per instance; the whole benchmark takes
 under ~4 minutes.
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from _common import verdict
 
 
 def median(xs: list[float]) -> str:
@@ -29,15 +29,17 @@ def median(xs: list[float]) -> str:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     from envs.config import DockerConfig
     from envs.engine import ensure_engine
     from envs.images import ensure_base_image
     from sao.config import load_config
     from tasks.build import build_task_repo
     from tasks.clean_run import clean_run
-    from tasks.cli import hack_patch
-    from tasks.grade import RESOLVED, grade, image_exists, new_run_id, run_swebench
+    from tasks.grade import grade, image_exists, new_run_id, run_swebench
     from tasks.grade_sandbox import GradeLimits
+    from tasks.grade_status import GradeStatus
+    from tasks.hacks import hack_patch
     from tasks.loaders import BUNDLED, load_task_repo, load_tasks_lenient
     from tests.support.task_repos import make_task_repo
 
@@ -61,7 +63,7 @@ def main() -> int:
     for _rep in range(3):
         for t in tasks:
             r = grade(t, t.patch, run_id=new_run_id("bench"), client=client, log_root=logs)
-            assert r.status == RESOLVED, (t.instance_id, r)
+            assert r.status == GradeStatus.RESOLVED, (t.instance_id, r)
             one.append(r.seconds)
     for t in tasks:
         hack = hack_patch(t.FAIL_TO_PASS + t.PASS_TO_PASS, None)
@@ -87,15 +89,15 @@ def main() -> int:
         t0 = time.monotonic()
         v = run_swebench(t, t.patch, run_id=new_run_id("bench"), client=client, log_root=logs)
         c = clean_run(t, t.patch, client=client, limits=GradeLimits(), timeout_s=600, mutation=False)
-        assert v.status == RESOLVED and c.status == RESOLVED, (t.instance_id, v, c)
+        assert v.status == GradeStatus.RESOLVED and c.status == GradeStatus.RESOLVED, (t.instance_id, v, c)
         old.append(time.monotonic() - t0)
         r = grade(t, t.patch, run_id=new_run_id("bench"), client=client, log_root=logs)
-        assert r.status == RESOLVED and r.report["mutated"] is not None, (t.instance_id, r)
+        assert r.status == GradeStatus.RESOLVED and r.report["mutated"] is not None, (t.instance_id, r)
         new.append(r.seconds)
     ratio = statistics.median(new) / statistics.median(old)
     print(f"grading per instance, old guard shape (official + one clean run): {median(old)}")
     print(f"grading per instance, new guard (official + tree check + canaries + mutation run): {median(new)}")
-    print(f"grading: new / old = {ratio:.2f}x (target <= 2x): {'PASS' if ratio <= 2 else 'FAIL'}")
+    print(f"grading: new / old = {ratio:.2f}x (target <= 2x): {verdict(ratio <= 2)}")
     print(f"bench_grading: total {time.monotonic() - t_start:.1f} s")
     return 0
 

@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+from _common import verdict
+
 VOCAB, HIDDEN, CHUNK = 32_768, 64, 1024
 LENGTHS = (8_192, 32_768)
 
@@ -32,7 +34,6 @@ def child(mode: str, length: int) -> None:
     import psutil
     import torch
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     from trainer.models import chunked_token_logprobs
 
     torch.manual_seed(0)
@@ -116,11 +117,11 @@ def main(measure_all: bool) -> None:
     ratio = full["peak_extra"] / chunked["peak_extra"]
     ok = ratio >= 5
     print(f"chunked peak memory at {t_long // 1024}k: {ratio:.1f}x lower than full (target >= 5x): "
-          f"{'PASS' if ok else 'FAIL'}")
+          f"{verdict(ok)}")
     growth = chunked["peak_extra"] / results[("chunked", t_short)]["peak_extra"]
     print(f"chunked peak memory growth {t_short // 1024}k -> {t_long // 1024}k: {growth:.2f}x for "
           f"{t_long / t_short:.0f}x tokens (target <= linear, {t_long / t_short:.0f}x): "
-          f"{'PASS' if growth <= 1.1 * t_long / t_short else 'FAIL'}")
+          f"{verdict(growth <= 1.1 * t_long / t_short)}")
     full_growth = full["peak_extra"] / results[("full", t_short)]["peak_extra"]
     print(f"full peak memory growth {t_short // 1024}k -> {t_long // 1024}k: {full_growth:.2f}x"
           + (" (extrapolated)" if t_long in extrapolated else ""))

@@ -28,11 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from _common import ROOT
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch  # noqa: E402  (after the environment above)
 
 from harness.trace import Segment, Trajectory  # noqa: E402
 from trainer.batch import TrajectoryBatch, build_batch, micro_batches, pack, pack_groups  # noqa: E402

@@ -19,18 +19,15 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import httpx
+from _common import ROOT, verdict
 
-import httpx  # noqa: E402
+from harness.engines.scripted import ScriptedEngine
+from harness.proxy import ProxyServer
+from harness.tiny_model import ensure_tiny_model
+from sao.config import load_config
 
-from harness.engines.scripted import ScriptedEngine  # noqa: E402
-from harness.proxy import ProxyServer  # noqa: E402
-from harness.tiny_model import ensure_tiny_model  # noqa: E402
-from sao.config import load_config  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
 TOOLS = [{"type": "function", "function": {"name": name, "description": desc * 20, "parameters": {
     "type": "object", "properties": {"command": {"type": "string", "description": "the command"},
                                      "path": {"type": "string"}}, "required": ["command"]}}}
@@ -55,7 +52,7 @@ def main() -> int:
     ap.add_argument("--obs-chars", type=int, default=600)
     args = ap.parse_args()
 
-    cfg = load_config(None, [f"model.cache_dir={REPO / '.cache' / 'sao'}", "proxy.context_budget=10000000"])
+    cfg = load_config(None, [f"model.cache_dir={ROOT / '.cache' / 'sao'}", "proxy.context_budget=10000000"])
     path = ensure_tiny_model(cfg.model.cache_dir, 0)
     engine = ScriptedEngine(str(path), [reply(i) for i in range(args.turns)])
     proxy = ProxyServer(engine, engine.tokenizer, cfg)
@@ -97,7 +94,7 @@ def main() -> int:
           f"ratio {hN / h10:5.2f}"
           f"   (+ JSON of the whole history both ways: O(history) by the protocol)")
     ok = pN < 2 * p10
-    print(f"{'PASS' if ok else 'FAIL'}: proxy work at turn {last} is {pN / p10:.2f}x turn 10 (target < 2x)")
+    print(f"{verdict(ok)}: proxy work at turn {last} is {pN / p10:.2f}x turn 10 (target < 2x)")
     return 0 if ok else 1
 
 

@@ -7,22 +7,21 @@ The scripted engine takes ~0 s, so both figures are the harness's own cost on th
 """
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from _common import ROOT, verdict
 
-from harness.proxy import ProxyServer  # noqa: E402
-from harness.rollout import run_rollout  # noqa: E402
-from harness.scripted_policy import ScriptedPolicyEngine, tool_call  # noqa: E402
-from harness.store import TraceStore  # noqa: E402
-from harness.tiny_model import ensure_tiny_model  # noqa: E402
-from sao.config import load_config  # noqa: E402
-from tasks.loaders import load_tasks  # noqa: E402
+from harness.proxy import ProxyServer
+from harness.rollout import run_rollout
+from harness.scripted_policy import ScriptedPolicyEngine, tool_call
+from harness.store import TraceStore
+from harness.tiny_model import ensure_tiny_model
+from harness.trace import Status
+from sao.config import load_config
+from tasks.loaders import load_tasks
 
 TURNS = 50
 
@@ -39,6 +38,7 @@ def rollout(cfg, engine, tokenizer):
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     from transformers import AutoTokenizer
 
     from envs.engine import ensure_engine
@@ -89,8 +89,8 @@ def main() -> None:
         print(f"8 episodes in parallel: {wall:.1f} s wall, median episode {episode_s:.1f} s, "
               f"{resolved}/8 resolved -> {8 / wall * 3600:.0f} episodes per hour on this machine "
               f"(scripted policy: harness + grading cost only)")
-        ok = resolved == 8 and all(t.status == "ok" for t in trajs)
-        print(f"all 8 resolved with status ok: {'PASS' if ok else 'FAIL'}")
+        ok = resolved == 8 and all(t.status == Status.OK for t in trajs)
+        print(f"all 8 resolved with status ok: {verdict(ok)}")
 
 
 if __name__ == "__main__":

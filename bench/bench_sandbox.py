@@ -14,9 +14,8 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import verdict
 
 
 def _ms(values: list[float]) -> str:
@@ -117,7 +116,7 @@ def main() -> int:
 
     print("\n== targets")
     for name, ok, figure in verdicts:
-        print(f"{'PASS' if ok else 'FAIL'}  {name}: {figure}")
+        print(f"{verdict(ok)}  {name}: {figure}")
     return 0 if all(ok for _, ok, _ in verdicts) else 1
 
 

@@ -10,6 +10,7 @@ import argparse
 import random
 import time
 
+import _common  # noqa: F401  (puts the checkout on sys.path)
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -46,9 +47,8 @@ def trajectories(n: int, tokens: int, seed: int = 0) -> list[Trajectory]:
 
 def throughput(dtype: torch.dtype, checkpointing: bool, args) -> float:
     policy = tiny_policy().to(dtype)
-    config = TrainerConfig(gradient_checkpointing=checkpointing, device=args.device, max_staleness=10**6,
-                           critic_warmup_steps=0)
-    trainer = SAOTrainer(policy, Critic.from_policy(policy), config)
+    config = TrainerConfig(gradient_checkpointing=checkpointing, max_staleness=10**6, critic_warmup_steps=0)
+    trainer = SAOTrainer(policy, Critic.from_policy(policy), config, device=args.device)
     batch = trajectories(args.batch, args.tokens)
     trainer.update(batch)  # warm-up
     t0 = time.perf_counter()

@@ -15,10 +15,10 @@ import importlib.util
 import os
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+from _common import ROOT, verdict
+
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 REQUESTS, CONCURRENCY, PROMPT, MAX_TOKENS = 16, 8, 64, 128
 
 
@@ -42,8 +42,7 @@ def update_s(engine, state) -> float:
 
 
 def main() -> int:
-    sys.path.insert(0, str(REPO))
-    os.chdir(REPO)
+    os.chdir(ROOT)
     import torch
 
     from harness.engines.hf import HFEngine
@@ -51,7 +50,7 @@ def main() -> int:
     from harness.engines.vllm import VLLMEngine
     from harness.engines.vllm_testmodel import ensure_test_model
 
-    path = str(ensure_test_model(REPO / ".cache" / "sao", "dense"))
+    path = str(ensure_test_model(ROOT / ".cache" / "sao", "dense"))
     figures = {}
     hf = HFEngine(path, device="cpu", dtype="float32", max_batch=CONCURRENCY, timeout_s=600, seed=0)
     state = {k: v.clone() for k, v in hf.model.state_dict().items()}
@@ -76,7 +75,7 @@ def main() -> int:
     hf_tps = figures["hf"][1] / figures["hf"][0]
     vllm_tps = figures["vllm"][1] / figures["vllm"][0]
     ok = vllm_tps >= hf_tps
-    print(f"  vllm / hf = {vllm_tps / hf_tps:.2f}x; target >= 1.00x: {'PASS' if ok else 'FAIL'}")
+    print(f"  vllm / hf = {vllm_tps / hf_tps:.2f}x; target >= 1.00x: {verdict(ok)}")
     return 0 if ok else 1
 
 

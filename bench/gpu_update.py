@@ -9,7 +9,7 @@ through the trainer's own code, at 8k, 32k, 64k and 128k tokens.
     per size   tokens/s of the update, MFU (model FLOPs: 7 F for the value pass + critic step + policy
                step, F = 2 active params per token + causal attention, against the GPU's dense bf16 peak),
                peak GPU memory and the plan's estimate of it (trainer.gpu_plan), and the plan's memory per
-               GPU of the full depth on 8 ranks (without / with trainer.offload_optimizer)
+               GPU of the full depth on 8 ranks (without / with runtime.offload_optimizer)
 
     python bench/gpu_update.py                  the GPU run (skips, exit 0, without CUDA)
     python bench/gpu_update.py --dry-run        the same code path on CPU (gloo), tiny shapes, seconds
@@ -25,11 +25,9 @@ import math
 import resource
 import sys
 import time
-from pathlib import Path
 
+import _common  # noqa: F401  (puts the checkout on sys.path: this runs from a bare checkout, no install)
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, from a bare checkout
 
 GiB = 2 ** 30
 QWEN3_8B = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
@@ -118,10 +116,10 @@ def run_family(name: str, fields: dict, full_layers: int, args, dp) -> None:
         policy = AutoModelForCausalLM.from_config(config, dtype=dtype)
         critic = Critic.from_policy(policy)
     shapes = Shapes.from_config(config)
-    tcfg = TrainerConfig(device=str(device), gradient_checkpointing=True, max_tokens_per_microbatch=max(args.sizes),
+    tcfg = TrainerConfig(gradient_checkpointing=True, max_tokens_per_microbatch=max(args.sizes),
                          critic_steps=1, critic_warmup_steps=0, max_staleness=10 ** 9, logprob_chunk=args.chunk,
                          critic_freeze_router=shapes.sparse_layers > 0)  # a dense model has no router
-    trainer = shard(SAOTrainer(policy, critic, tcfg), dp)
+    trainer = shard(SAOTrainer(policy, critic, tcfg, device=device), dp)
     full = Shapes.from_config(AutoConfig.for_model(**{**fields, "num_hidden_layers": full_layers}))
     crit = lambda s: critic_params(param_counts(s), s, tcfg.critic_freeze, tcfg.critic_freeze_norms,
                                    tcfg.critic_freeze_router, tcfg.critic_freeze_embeddings)

@@ -3,13 +3,13 @@
     .venv/bin/python bench/scale_out.py [--replicas 1,2,4] [--workers-per-replica 4] [--publish-mb 256]
 
 1. Throughput: the same `sao train` loop (async) on the simulated environment, with the stand-in
-   `SleepEngine` (`trainer.sim_engine_s`: each turn sleeps, no model: the pipeline is measured, the
+   `SleepEngine` (`testbed.simulated.engine_s`: each turn sleeps, no model: the pipeline is measured, the
    feed's routing, the proxies, the workers, the trace store and the trainer, not the model), at N
    replicas x a fixed number of workers per replica, and a fixed short update. Reported over the
    steady state (end of step 1 to the end of the run): trajectories per minute, and the ratio to
    the 1-replica figure. Target: >= 0.8 N.
 2. Publish: a synthetic state dict of `--publish-mb` MB (fp32) published to `--publish-replicas`
-   replicas by each transport of `trainer.weight_sync` (object store; gloo collective), best of
+   replicas by each transport of `runtime.weight_sync` (object store; gloo collective), best of
    `--repeats`: seconds per GB and the object-store / collective ratio.
 """
 from __future__ import annotations
@@ -20,19 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import ROOT, fixed_update, verdict
 
-from sao.config import load_config  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def fixed_update(seconds: float):
-    def update(trainer, trajectories):
-        time.sleep(seconds)
-        trainer.policy_version += 1
-        return {}
-    return update
+from sao.config import load_config
 
 
 def throughput(root: Path, replicas: int, args) -> float:
@@ -41,14 +31,15 @@ def throughput(root: Path, replicas: int, args) -> float:
 
     workers = replicas * args.workers_per_replica
     batch = max(4, workers // 2)
-    cfg = load_config(REPO / "configs/local.yaml", [
-        f"run.root={root}", f"run.name=replicas-{replicas}", f"model.cache_dir={REPO / '.cache/sao'}",
-        "trainer.env=simulated", f"trainer.sim_engine_s={args.gen_ms / 1000}",
-        f"trainer.sim_env_sleep_s={args.env_ms / 1000}", "trainer.sim_turns_median=6", "trainer.sim_turns_sigma=0.5",
-        "trainer.sim_turns_max=30", f"engine.replicas={replicas}", f"rollout.workers={workers}",
+    cfg = load_config(ROOT / "configs/local.yaml", [
+        f"run.root={root}", f"run.name=replicas-{replicas}", f"model.cache_dir={ROOT / '.cache/sao'}",
+        "trainer.env=simulated", f"testbed.simulated.engine_s={args.gen_ms / 1000}",
+        f"testbed.simulated.env_sleep_s={args.env_ms / 1000}", "testbed.simulated.turns_median=6",
+        "testbed.simulated.turns_sigma=0.5", "testbed.simulated.turns_max=30", f"engine.replicas={replicas}",
+        f"rollout.workers={workers}",
         f"trainer.batch_size={batch}", f"trainer.max_steps={args.steps}", "trainer.max_staleness=1000",
-        "trainer.save_every=100000", "trainer.poll_interval_s=0.05", "trainer.batch_timeout_s=300",
-        "rollout.max_retries=0", "trainer.weight_sync=object_store"])
+        "trainer.save_every=100000", "runtime.poll_interval_s=0.05", "runtime.batch_timeout_s=300",
+        "rollout.max_retries=0", "runtime.weight_sync=object_store"])
     summary = train(cfg, update_fn=fixed_update(args.update_s), log=lambda m: None)
     ends = [end for _, end in summary["update_intervals"]]
     return batch * (len(ends) - 1) / (ends[-1] - ends[0]) * 60
@@ -63,15 +54,15 @@ def publish_s_per_gb(transport: str, args) -> float:
     from trainer.loop import _resolved
     from trainer.weight_sync import make_weight_sync
 
-    cfg = _resolved(load_config(REPO / "configs/local.yaml", [
-        f"model.cache_dir={REPO / '.cache/sao'}", "trainer.env=simulated", "trainer.sim_engine_s=0.01",
-        f"trainer.weight_sync={transport}", "trainer.publish_timeout_s=600"]))
+    cfg = _resolved(load_config(ROOT / "configs/local.yaml", [
+        f"model.cache_dir={ROOT / '.cache/sao'}", "trainer.env=simulated", "testbed.simulated.engine_s=0.01",
+        f"runtime.weight_sync={transport}", "runtime.publish_timeout_s=600"]))
     n = args.publish_mb * 2**20 // 4 // 16
     weights = {f"layer{i}.weight": torch.randn(n) for i in range(16)}
     gb = sum(t.numel() * 4 for t in weights.values()) / 2**30
     actors = {f"r{i}": EngineActor.options(max_concurrency=4).remote(cfg, 0) for i in range(args.publish_replicas)}
     ray.get([a.info.remote() for a in actors.values()])
-    sync = make_weight_sync(cfg, log=lambda m: None)
+    sync = make_weight_sync(cfg.runtime, cfg.engine.kind, log=lambda m: None)
     try:
         sync.connect(actors)
         best = float("inf")
@@ -105,7 +96,7 @@ def main() -> int:
     from trainer.ray_utils import start_ray
 
     root = Path(tempfile.mkdtemp(prefix="sao-bench-scale-"))
-    start_ray(load_config(None, []), log=print)
+    start_ray(None, log=print)
     ok = True
     try:
         if not args.skip_throughput:
@@ -118,7 +109,7 @@ def main() -> int:
                 ratio = v / base
                 good = ratio >= 0.8 * n / min(per_min)
                 ok &= good
-                print(f"[{'PASS' if good else 'FAIL'}] {n} replica(s): {ratio:.2f}x the 1-replica throughput "
+                print(f"[{verdict(good)}] {n} replica(s): {ratio:.2f}x the 1-replica throughput "
                       f"(target >= {0.8 * n / min(per_min):.1f}x)")
         s_gb = {t: publish_s_per_gb(t, args) for t in ("object_store", "collective")}
         for t, v in s_gb.items():

@@ -22,13 +22,25 @@ in the container (one ``bash`` exec, as the sandbox's user). Contract, with ``B 
   processes but costs more CPU, and a sandbox has ``sandbox.cpus``. ``bench/bench_scrub.py``.
 
 Any failure is ``ScrubError`` (a ``SandboxError``: the episode is an infra error, never a reward).
+
+Once per image and node: ``scrubbed_image(client, image, base_commit, sandbox_cfg, docker_cfg)`` runs the
+scrub in a throwaway container of ``image`` (no network, the sandbox's user and limits) and commits it as
+``sao-scrubbed:<key>``, ``key = sha256(image id, base_commit, repo, SCRIPT)``; every later sandbox of that
+task on this node starts from the committed image and scrubs nothing. The overlay hides the source
+layers' files (whiteouts), so the old packs are not readable from it. A cached image is used only when
+its labels name that source image id and that key (a tag alone is not trusted); it is recorded in
+``envs.pull``'s use record, so ``docker.image_cache_bytes`` evicts it like a fetched image.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
+from envs.config import DockerConfig, SandboxConfig
 from envs.errors import SandboxError
+from envs.labels import OWNER_KEY, OWNER_VALUE
+from envs.pull import _locked, evict, record_path, touch
 
 SCRIPT = r"""
 set -euo pipefail
@@ -127,21 +139,115 @@ def parse_result(output: str, seconds: float) -> ScrubResult:
         raise ScrubError(f"history scrub: no result line in its output: {output.strip()[-300:]!r}") from None
 
 
-def scrub_history(sandbox, base_commit: str, repo: str | None = None, timeout_s: float = 300.0) -> ScrubResult:
-    """Scrub ``repo`` (default: the sandbox's workdir) in ``sandbox`` (an ``envs.sandbox.Sandbox``)."""
-    repo = repo or sandbox.workdir
+def _exec_scrub(api, container_id: str, base_commit: str, repo: str, user: str, name: str,
+                timeout_s: float) -> ScrubResult:
+    """Run SCRIPT in a running container (one exec as ``user``); its result, or ``ScrubError``."""
     argv = ["timeout", "-s", "KILL", str(int(timeout_s)), *scrub_command(base_commit, repo)]
     t0 = time.monotonic()
     try:
-        ex = sandbox.api.exec_create(sandbox.container_id, argv, stdout=True, stderr=True,
-                                     user=sandbox.cfg.user or "", workdir=repo)
-        out = sandbox.api.exec_start(ex["Id"]).decode(errors="replace")
-        code = sandbox.api.exec_inspect(ex["Id"]).get("ExitCode")
+        ex = api.exec_create(container_id, argv, stdout=True, stderr=True, user=user, workdir=repo)
+        out = api.exec_start(ex["Id"]).decode(errors="replace")
+        code = api.exec_inspect(ex["Id"]).get("ExitCode")
     except Exception as e:  # noqa: BLE001  (docker-py / engine trouble: an infra error of the episode)
-        raise ScrubError(f"history scrub of {repo} in sandbox {sandbox.name}: {type(e).__name__}: {e}") from None
+        raise ScrubError(f"history scrub of {repo} in {name}: {type(e).__name__}: {e}") from None
     seconds = time.monotonic() - t0
     if code != 0:
         why = "timed out" if code == 137 else f"exit {code}"
-        raise ScrubError(f"history scrub of {repo} to {base_commit} in sandbox {sandbox.name} failed ({why}): "
-                         f"{out.strip()[-500:]}")
+        raise ScrubError(f"history scrub of {repo} to {base_commit} in {name} failed ({why}): {out.strip()[-500:]}")
     return parse_result(out, seconds)
+
+
+def scrub_history(sandbox, base_commit: str, repo: str | None = None, timeout_s: float = 300.0) -> ScrubResult:
+    """Scrub ``repo`` (default: the sandbox's workdir) in ``sandbox`` (an ``envs.sandbox.Sandbox``)."""
+    repo = repo or sandbox.workdir
+    return _exec_scrub(sandbox.api, sandbox.container_id, base_commit, repo, sandbox.cfg.user or "",
+                       f"sandbox {sandbox.name}", timeout_s)
+
+
+# -- once per image and node: the scrubbed image ------------------------------------------------------
+SCRUBBED_REPOSITORY = "sao-scrubbed"
+SOURCE_LABEL = "sao-harness.scrubbed-from"  # the source image's id
+KEY_LABEL = "sao-harness.scrub-key"
+
+
+def scrub_key(image_id: str, base_commit: str, repo: str) -> str:
+    """The cache key: sha256 of the source image id, base_commit, the repository path and SCRIPT (first 24 hex)."""
+    return hashlib.sha256("\0".join([image_id, base_commit, repo, SCRIPT]).encode()).hexdigest()[:24]
+
+
+def _cached(client, tag: str, image_id: str, key: str) -> bool:
+    import docker  # lazy: docker-py is heavy (it pulls in requests)
+
+    try:
+        labels = client.api.inspect_image(tag)["Config"].get("Labels") or {}
+    except docker.errors.ImageNotFound:
+        return False
+    return labels.get(SOURCE_LABEL) == image_id and labels.get(KEY_LABEL) == key
+
+
+def scrubbed_image(client, image: str, base_commit: str, cfg: SandboxConfig, docker_cfg: DockerConfig, *,
+                   timeout_s: float = 300.0) -> tuple[str, ScrubResult | None]:
+    """(tag, result): ``image`` with ``cfg.workdir`` scrubbed to ``base_commit``, made on a miss (module doc).
+
+    ``result`` is None when the cached image was used. A failure is ``ScrubError``; the source image is
+    never changed.
+    """
+    import docker  # lazy: docker-py is heavy (it pulls in requests)
+
+    repo = cfg.workdir
+    try:
+        src = client.api.inspect_image(image)
+    except docker.errors.ImageNotFound:
+        raise ScrubError(f"history scrub: no image {image} on this engine") from None
+    key = scrub_key(src["Id"], base_commit, repo)
+    tag = f"{SCRUBBED_REPOSITORY}:{key}"
+    uses = record_path(client, docker_cfg)
+    if not _cached(client, tag, src["Id"], key):
+        with _locked(uses.with_name(f"scrub-{key}")):  # concurrent workers of this node: one scrub per image
+            if not _cached(client, tag, src["Id"], key):
+                result = _scrub_and_commit(client, image, src, base_commit, cfg, tag, key, timeout_s)
+                touch(uses, tag, source=f"scrub of {image}")
+                evict(client, docker_cfg, keep={tag, image})
+                return tag, result
+    touch(uses, tag)
+    return tag, None
+
+
+def _scrub_and_commit(client, image: str, src: dict, base_commit: str, cfg: SandboxConfig, tag: str, key: str,
+                      timeout_s: float) -> ScrubResult:
+    """Scrub in a container of ``image`` that removes itself (``timeout_s`` at most), then commit it as ``tag``.
+
+    The committed config is the source image's (entrypoint, command, user, labels) plus the two scrub
+    labels: nothing of this container (its keep-alive command, its labels) carries over.
+    """
+    import docker  # lazy: docker-py is heavy (it pulls in requests)
+
+    name = f"sao-scrub-{key[:12]}-{time.monotonic_ns() % 10**6}"
+    conf = src.get("Config") or {}
+    labels = {**(conf.get("Labels") or {}), SOURCE_LABEL: src["Id"], KEY_LABEL: key}
+    try:
+        box = client.containers.run(
+            image, entrypoint=["sleep", str(int(timeout_s) + 60)], command=[], name=name, detach=True,
+            auto_remove=True, network_mode="none", mem_limit=cfg.memory, memswap_limit=cfg.memory,
+            nano_cpus=int(cfg.cpus * 1e9), pids_limit=cfg.pids_limit, security_opt=["no-new-privileges"],
+            cap_drop=["ALL"], cap_add=cfg.cap_add or None, working_dir=cfg.workdir,
+            labels={OWNER_KEY: OWNER_VALUE}, **({"user": cfg.user} if cfg.user else {}))
+    except docker.errors.APIError as e:
+        raise ScrubError(f"history scrub of {image}: cannot start its container: {e.explanation or e}") from None
+    try:
+        result = _exec_scrub(client.api, box.id, base_commit, cfg.workdir, cfg.user or "",
+                             f"a container of {image}", timeout_s)
+        try:
+            client.api.commit(box.id, repository=SCRUBBED_REPOSITORY, tag=key, conf={
+                "Entrypoint": conf.get("Entrypoint"), "Cmd": conf.get("Cmd"), "User": conf.get("User") or "",
+                "WorkingDir": conf.get("WorkingDir") or "", "Env": conf.get("Env"), "Labels": labels},
+                message=f"sao-harness: {image} with its history after {base_commit} scrubbed")
+        except docker.errors.APIError as e:
+            raise ScrubError(f"history scrub of {image}: cannot commit it: {e.explanation or e}") from None
+    finally:
+        try:
+            box.remove(force=True)
+        except docker.errors.APIError:  # already gone (auto_remove)
+            pass
+    return result
+

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from core.errors import UserError
 from tasks.cli import IdsAction
+from tasks.grade_status import INFRA_FAILURES, GradeStatus
 
 
 def cmd_agent_eval(args) -> int:
@@ -48,11 +49,11 @@ def cmd_agent_eval(args) -> int:
     if r["hacking_attempts"]:
         print(f"hacking attempts (test changes stripped before grading): "
               f"{', '.join(f'{k} ({v})' for k, v in r['hacking_attempts'].items())}")
-    if r["infra_failures"]:
-        print(f"infra failures (no verdict, never a 0; rerun to retry): {', '.join(r['infra_failures'])}")
+    if r[INFRA_FAILURES]:
+        print(f"no verdict (infrastructure failures, never a 0; rerun to retry): {', '.join(r[INFRA_FAILURES])}")
     print(out.resolved_line)
     sys.stdout.flush()
-    return 1 if r["infra_failures"] else 0
+    return 1 if r[INFRA_FAILURES] else 0
 
 
 def cmd_compare(args) -> int:
@@ -129,8 +130,6 @@ def cmd_grade(args) -> int:
         swebench_report,
     )
     from tasks.grade import (  # lazy: keep sao --help fast
-        INFRA,
-        RESOLVED,
         RUN_ID_RE,
         image_exists,
         new_run_id,
@@ -196,15 +195,15 @@ def cmd_grade(args) -> int:
     graded_preds = {p["instance_id"]: p for p in preds if p["instance_id"] in results}
     swebench = swebench_report(graded_preds, tasks, run_id, log_root=log_root, out_dir=run_dir)
     m = len(preds)
-    n_guarded = sum(r["status"] == RESOLVED for r in results.values())
-    n_official = sum(r["official_status"] == RESOLVED for r in results.values())
-    infra = sorted(i for i, r in results.items() if r["status"] == INFRA or r["official_status"] == INFRA)
+    n_guarded = sum(r["status"] == GradeStatus.RESOLVED for r in results.values())
+    n_official = sum(r["official_status"] == GradeStatus.RESOLVED for r in results.values())
+    infra = sorted(i for i, r in results.items() if GradeStatus.INFRA_FAILURE in (r["status"], r["official_status"]))
     summary = {
         "run_id": run_id, "dataset": dataset, "predictions": args.predictions, "guard": cfg.eval.guard,
         "swebench_report": swebench, "log_root": str(log_root), "seconds": round(time.monotonic() - t0, 2),
         "submitted": m, "graded": len(results), "resolved_guarded": n_guarded, "resolved_official": n_official,
         "hacking_attempts": {i: r["hacking_attempts"] for i, r in results.items() if r["hacking_attempts"]},
-        "infra_failures": infra, "instance_errors": instance_errors, "line_errors": line_errors,
+        INFRA_FAILURES: infra, "instance_errors": instance_errors, "line_errors": line_errors,
         "instances": results,
     }
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -214,7 +213,7 @@ def cmd_grade(args) -> int:
     tmp.replace(out)
     print(f"grade report: {out}" + (f"; swebench report: {swebench}" if swebench else ""))
     if infra:
-        print(f"infra failures (no verdict, never a reward): {', '.join(infra)}")
+        print(f"no verdict (infrastructure failures, never a reward): {', '.join(infra)}")
     print(resolved_line(n_guarded, n_official, m))
     sys.stdout.flush()
     return 1 if (line_errors or instance_errors or infra) else 0

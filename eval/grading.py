@@ -21,7 +21,8 @@ from pathlib import Path
 from core.errors import UserError
 from eval.paths import EvalPaths, JsonlLog, latest_by_instance, write_json
 from eval.report import dataset_of
-from tasks.grade import INFRA, LOG_ROOT, RESOLVED, GradeResult, grade, new_run_id
+from tasks.grade import LOG_ROOT, GradeResult, grade, new_run_id
+from tasks.grade_status import GradeStatus
 
 
 def resolved_line(guarded: int, official: int, total: int) -> str:
@@ -96,7 +97,8 @@ def grade_predictions(cfg, tasks, preds: dict, paths: EvalPaths, run_id: str, cl
     """Grade every prediction without a verdict yet; returns {instance_id: grade record}."""
     grades_log = JsonlLog(paths.grades)
     grades = {iid: g for iid, g in latest_by_instance(grades_log.read()).items() if iid in preds}
-    done = {iid for iid, g in grades.items() if g.get("status") != INFRA and g.get("official_status") != INFRA}
+    done = {iid for iid, g in grades.items()
+            if GradeStatus.INFRA_FAILURE not in (g.get("status"), g.get("official_status"))}
     todo = [t for t in tasks if t.instance_id in preds and t.instance_id not in done]
     if done:
         log(f"resume: {len(done)} instance(s) already graded in {paths.grades}")
@@ -131,7 +133,7 @@ def gold_preflight(cfg, tasks, paths: EvalPaths, client, log=print) -> None:
     pairs = [(t, {"model_name_or_path": "gold", "model_patch": t.patch}) for t in tasks]
     results = list(grade_all(pairs, run_id=run_id, client=client, eval_cfg=cfg.eval, sandbox_cfg=cfg.sandbox,
                              log_root=root).values())
-    bad = [r for r in results if r.status != RESOLVED]
+    bad = [r for r in results if r.status != GradeStatus.RESOLVED]
     write_json(paths.dir / "preflight" / "gold.json", {"run_id": run_id, "results": [r.to_dict() for r in results]})
     if bad:
         detail = ", ".join(f"{r.instance_id} ({r.status}{': ' + r.error if r.error else ''})" for r in bad[:5])

@@ -13,6 +13,7 @@ from eval.paths import EvalPaths, JsonlLog, latest_by_instance
 from eval.policy import Policy
 from harness.rollout import run_rollout
 from harness.store import TraceStore, read_shard
+from harness.trace import Status
 
 
 def prediction(traj, model_name: str) -> dict:
@@ -21,7 +22,7 @@ def prediction(traj, model_name: str) -> dict:
 
 def episode_record(traj, shard=None) -> dict:
     t = traj.timings or {}
-    err = traj.metadata.get("infra_error") or (traj.metadata.get("agent") or {}).get("error")
+    err = traj.metadata.get(Status.INFRA_ERROR) or (traj.metadata.get("agent") or {}).get("error")
     return {"instance_id": traj.task_id, "traj_id": traj.traj_id, "shard": str(shard) if shard else None,
             "status": traj.status, "turns": traj.turns, "tokens": traj.num_tokens,
             "action_tokens": traj.num_action_tokens, "seconds": round(float(t.get("episode_s", 0.0)), 2),
@@ -39,10 +40,10 @@ def reconcile(paths: EvalPaths, model_name: str, wanted: set[str], preds: dict, 
         t = pq.read_table(shard, columns=["task_id", "status"])
         ids = t.column("task_id").to_pylist()
         statuses = t.column("status").to_pylist()
-        if not any(i in wanted and i not in preds and s != "infra_error" for i, s in zip(ids, statuses)):
+        if not any(i in wanted and i not in preds and s != Status.INFRA_ERROR for i, s in zip(ids, statuses)):
             continue
         for traj in read_shard(shard):
-            if traj.task_id in wanted and traj.task_id not in preds and traj.status != "infra_error":
+            if traj.task_id in wanted and traj.task_id not in preds and traj.status != Status.INFRA_ERROR:
                 episodes.append(episode_record(traj, shard))
                 rec = prediction(traj, model_name)
                 predictions.append(rec)
@@ -69,7 +70,7 @@ def predict(run_cfg, tasks, paths: EvalPaths, policy: Policy, *, engine=None, pr
 
     def on_trajectory(traj, shard):
         episodes.append(episode_record(traj, shard))
-        if traj.status == "infra_error":  # no verdict, never a 0: no prediction, retried on the next run
+        if traj.status == Status.INFRA_ERROR:  # no verdict, never a 0: no prediction, retried on the next run
             return
         rec = prediction(traj, policy.model_name)
         predictions.append(rec)

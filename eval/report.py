@@ -23,10 +23,13 @@ from pathlib import Path
 
 from core.errors import UserError
 from eval.paths import write_json
+from harness.trace import Status
+from tasks.grade_status import INFRA_FAILURES, GradeStatus
 
 DIFFICULTY_ORDER = ("easy", "medium", "hard")
-COLORS = {"resolved": "#2e9d5b", "unresolved": "#8a94a6", "empty": "#c9ced8", "patch_does_not_apply": "#e0a030",
-          "infra_failure": "#d04a4a", "no verdict": "#d04a4a"}
+COLORS = {GradeStatus.RESOLVED: "#2e9d5b", GradeStatus.UNRESOLVED: "#8a94a6", GradeStatus.EMPTY: "#c9ced8",
+          GradeStatus.NO_APPLY: "#e0a030", GradeStatus.INFRA_FAILURE: "#d04a4a", "no verdict": "#d04a4a"}
+NO_VERDICT = (GradeStatus.INFRA_FAILURE, "not graded", "not run")  # counted in INFRA_FAILURES
 
 
 # --- rows ----------------------------------------------------------------------------------
@@ -38,7 +41,7 @@ def dataset_of(task, default: str) -> str:
 def verdict_of(pred, grade, episode) -> str:
     """resolved | unresolved | empty | patch_does_not_apply | infra_failure | not run."""
     if pred is None:
-        return "infra_failure" if episode and episode.get("status") == "infra_error" else "not run"
+        return GradeStatus.INFRA_FAILURE if episode and episode.get("status") == Status.INFRA_ERROR else "not run"
     if grade is None:
         return "not graded"
     return grade.get("status", "not graded")
@@ -69,13 +72,13 @@ def instance_rows(tasks, preds, grades, episodes, dataset: str | None = None) ->
 
 
 def _tally(rows, key) -> dict:
-    out: dict = defaultdict(lambda: {"total": 0, "resolved": 0, "resolved_official": 0, "infra_failures": 0})
+    out: dict = defaultdict(lambda: {"total": 0, "resolved": 0, "resolved_official": 0, INFRA_FAILURES: 0})
     for r in rows:
         d = out[r[key]]
         d["total"] += 1
         d["resolved"] += r["resolved"]
         d["resolved_official"] += r["resolved_official"]
-        d["infra_failures"] += r["verdict"] in ("infra_failure", "not graded", "not run")
+        d[INFRA_FAILURES] += r["verdict"] in NO_VERDICT
     for d in out.values():
         d["rate"] = round(d["resolved"] / d["total"], 4) if d["total"] else 0.0
         d["rate_official"] = round(d["resolved_official"] / d["total"], 4) if d["total"] else 0.0
@@ -101,7 +104,7 @@ def build_report(*, tasks, preds, grades, episodes, manifest, swebench_summary, 
     n = len(rows)
     res, off = sum(r["resolved"] for r in rows), sum(r["resolved_official"] for r in rows)
     infra = {r["instance_id"]: r["error"] or r["verdict"] for r in rows
-             if r["verdict"] in ("infra_failure", "not graded", "not run")}
+             if r["verdict"] in NO_VERDICT}
     by_diff = _tally(rows, "difficulty")
     statuses: dict = defaultdict(int)
     for r in rows:
@@ -120,7 +123,7 @@ def build_report(*, tasks, preds, grades, episodes, manifest, swebench_summary, 
         "verdicts": dict(statuses),
         "hacking_attempts": {r["instance_id"]: r["hacking_attempts"] for r in rows if r["hacking_attempts"]},
         "resolved_only_officially": [r["instance_id"] for r in rows if r["resolved_official"] and not r["resolved"]],
-        "infra_failures": infra,
+        INFRA_FAILURES: infra,
         "mean_turns": round(sum(r["turns"] for r in rows) / n, 2) if n else 0.0,
         "total_tokens": sum(r["tokens"] for r in rows),
         "by_repo": dict(sorted(_tally(rows, "repo").items())),
@@ -150,7 +153,7 @@ def make_plots(report: dict, out_dir: Path) -> dict[str, Path]:
     width = min(16.0, max(6.0, 0.35 * len(rows) + 2))
     label_ticks = len(rows) <= 60
     legend = [Patch(color=c, label=k) for k, c in COLORS.items()
-              if k in {r["verdict"] for r in rows} or k == "resolved"]
+              if k in {r["verdict"] for r in rows} or k == GradeStatus.RESOLVED]
     files = {}
 
     def finish(fig, ax, name, title, ylabel):
@@ -188,7 +191,7 @@ def make_plots(report: dict, out_dir: Path) -> dict[str, Path]:
     tot = [d["total"] for _, d in diffs]
     res = [d["resolved"] for _, d in diffs]
     ax.bar([i - 0.2 for i in dx], tot, width=0.4, color="#c9ced8", label="instances")
-    ax.bar([i + 0.2 for i in dx], res, width=0.4, color=COLORS["resolved"], label="resolved (guarded)")
+    ax.bar([i + 0.2 for i in dx], res, width=0.4, color=COLORS[GradeStatus.RESOLVED], label="resolved (guarded)")
     for i, (_, d) in enumerate(diffs):
         ax.text(i + 0.2, d["resolved"], f"{d['rate']:.0%}", ha="center", va="bottom", fontsize=9)
     ax.set_xticks(dx)
@@ -212,12 +215,12 @@ def _pct(x: float) -> str:
 
 def _repo_table(report) -> list[list[str]]:
     return [[repo, str(d["total"]), str(d["resolved"]), _pct(d["rate"]), str(d["resolved_official"]),
-             str(d["infra_failures"])] for repo, d in report["by_repo"].items()]
+             str(d[INFRA_FAILURES])] for repo, d in report["by_repo"].items()]
 
 
-REPO_HEADER = ["repository", "instances", "resolved", "rate", "resolved (official)", "infra failures"]
+REPO_HEADER = ["repository", "instances", "resolved", "rate", "resolved (official)", "no verdict"]
 DATASET_HEADER = ["dataset", "format", "instances", "resolved", "rate", "resolved (official)", "rate (official)",
-                  "infra failures", "swebench summary"]
+                  "no verdict", "swebench summary"]
 
 
 def _dataset_table(report) -> list[list[str]]:
@@ -226,7 +229,7 @@ def _dataset_table(report) -> list[list[str]]:
     if len(by) < 2:
         return []
     return [[name, ", ".join(d["formats"]), str(d["total"]), str(d["resolved"]), _pct(d["rate"]),
-             str(d["resolved_official"]), _pct(d["rate_official"]), str(d["infra_failures"]),
+             str(d["resolved_official"]), _pct(d["rate_official"]), str(d[INFRA_FAILURES]),
              str(d["swebench_report"])] for name, d in by.items()]
 ROW_HEADER = ["instance", "repo", "difficulty", "verdict", "official", "hacking", "turns", "tokens", "episode",
               "time (s)"]
@@ -250,8 +253,8 @@ def _headline(report) -> list[tuple[str, str]]:
         ("sampling", f"temperature {s.get('temperature')}, top_p {s.get('top_p')}, max_tokens {s.get('max_tokens')}"),
         ("hacking attempts", str(sum(report["hacking_attempts"].values())) +
          (f" in {', '.join(report['hacking_attempts'])}" if report["hacking_attempts"] else "")),
-        ("infra failures (no verdict)", str(len(report["infra_failures"])) +
-         (f": {', '.join(report['infra_failures'])}" if report["infra_failures"] else "")),
+        ("no verdict (infrastructure failures)", str(len(report[INFRA_FAILURES])) +
+         (f": {', '.join(report[INFRA_FAILURES])}" if report[INFRA_FAILURES] else "")),
         ("mean turns", str(report["mean_turns"])),
         ("swebench summary", str(report.get("swebench_report"))),
     ]
@@ -271,8 +274,8 @@ def render_md(report: dict, plots: dict[str, Path], eval_dir: Path) -> str:
     for name, path in plots.items():
         lines.append(f"![{name}]({path.relative_to(eval_dir).as_posix()})")
     lines += ["", "## Instances", "", table(ROW_HEADER, [_instance_cells(r) for r in report["instances"]]), ""]
-    if report["infra_failures"]:
-        lines += ["## Infra failures", ""] + [f"- {k}: {v}" for k, v in report["infra_failures"].items()] + [""]
+    if report[INFRA_FAILURES]:
+        lines += ["## Infra failures", ""] + [f"- {k}: {v}" for k, v in report[INFRA_FAILURES].items()] + [""]
     return "\n".join(lines)
 
 

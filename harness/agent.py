@@ -18,7 +18,8 @@ Contract:
   proxy or HTTP failure -> error_kind ``infra`` (context-window overflow: ``context``); the sandbox
   dying mid-episode -> ``infra`` before the next LLM request; other failures -> ``agent``;
   ``AgentResult.status`` maps these onto the trace statuses.
-- ``instruction_for(problem_statement, base_commit)``: the OpenHands SWE-bench prompt (``harness.prompts``).
+- The ``instruction`` is ``harness.prompts.instruction_for(problem_statement, base_commit)``: the OpenHands
+  SWE-bench prompt.
 - ``settings.profile``: ``openhands`` (default) is the SDK's prompt and tool texts, unchanged; ``compact``
   is the same agent and tools with ``harness.prompts.COMPACT_SYSTEM_PROMPT`` and the short tool texts
   of ``harness.tools.registry`` (pair it with ``instruction_for(..., profile="compact")``).
@@ -32,17 +33,14 @@ import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum, auto
 from typing import Any
 
 from pydantic import PrivateAttr
 
 from envs.errors import SandboxError
-from harness.prompts import (  # noqa: F401 (re-exported)
-    COMPACT_SYSTEM_PROMPT,
-    SWEBENCH_CONDA_ACTIVATE,
-    instruction_for,
-    nudge_text,
-)
+from harness.prompts import COMPACT_SYSTEM_PROMPT, nudge_text
+from harness.trace import Status
 
 DEFAULT_MODEL = "openai/sao-policy"  # litellm's OpenAI-compatible route; the proxy ignores the name
 
@@ -106,9 +104,9 @@ def load_sdk() -> dict[str, Any]:
                     llm_exc=llm_exc, FinishAction=FinishAction, SandboxTarget=SandboxTarget,
                     SandboxTools=SandboxTools, SandboxUnavailable=SandboxUnavailable,
                     # failures of the LLM/proxy transport and of Docker: infrastructure (classify_error)
-                    infra_errors=(litellm.exceptions.APIError, litellm.exceptions.APIConnectionError,
-                                  litellm.exceptions.Timeout, openai.APIError, httpx.HTTPError,
-                                  docker.errors.DockerException, SandboxError))
+                    system_errors=(litellm.exceptions.APIError, litellm.exceptions.APIConnectionError,
+                                   litellm.exceptions.Timeout, openai.APIError, httpx.HTTPError,
+                                   docker.errors.DockerException, SandboxError))
     return _SDK
 
 
@@ -154,7 +152,12 @@ class AgentSettings:
 
 # ---------------------------------------------------------------------------------------- result
 
-INFRA, CONTEXT, AGENT = "infra", "context", "agent"
+class ErrorKind(StrEnum):
+    """Why an agent loop ended on an error (``AgentResult.status`` maps each onto a trace Status)."""
+
+    INFRA = auto()  # an LLM, proxy, HTTP or sandbox failure
+    CONTEXT = auto()  # the context window (or the episode's token budget) overflowed
+    AGENT = auto()  # anything else
 
 
 @dataclass
@@ -166,7 +169,7 @@ class AgentResult:
     nudges: int  # "please continue" messages sent
     hit_max_iterations: bool
     error: str | None = None  # reason, when the loop ended on an error
-    error_kind: str | None = None  # "infra" (LLM/proxy/sandbox failure), "context" (context window), "agent"
+    error_kind: ErrorKind | None = None
     stuck: bool = False  # the SDK's stuck detector ended the run
     llm_response_ids: list[str] = field(default_factory=list)  # ids of completions the SDK accepted, in order
     events: dict[str, Any] = field(default_factory=dict)  # summary: counts, tool calls, errors
@@ -175,23 +178,23 @@ class AgentResult:
     conversation_id: str | None = None
 
     @property
-    def status(self) -> str:
-        """The trace status this end maps to (``harness.trace.STATUSES``)."""
-        if self.error_kind == INFRA:
-            return "infra_error"
-        if self.error_kind == CONTEXT:
-            return "truncated_context"
-        if self.error_kind == AGENT:
-            return "agent_error"
+    def status(self) -> Status:
+        """The trace status this end maps to."""
+        if self.error_kind == ErrorKind.INFRA:
+            return Status.INFRA_ERROR
+        if self.error_kind == ErrorKind.CONTEXT:
+            return Status.TRUNCATED_CONTEXT
+        if self.error_kind == ErrorKind.AGENT:
+            return Status.AGENT_ERROR
         if self.hit_max_iterations:
-            return "truncated_turns"
-        return "ok"
+            return Status.TRUNCATED_TURNS
+        return Status.OK
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "status": self.status}
 
 
-def classify_error(exc: BaseException) -> str:
+def classify_error(exc: BaseException) -> ErrorKind:
     """``infra`` for LLM/proxy/HTTP and sandbox/Docker failures, ``context`` for a context-window
     overflow, ``agent`` for anything else."""
     sdk = load_sdk()
@@ -200,12 +203,12 @@ def classify_error(exc: BaseException) -> str:
         e = e.__cause__
     llm_exc = sdk["llm_exc"]
     if isinstance(e, (llm_exc.LLMContextWindowExceedError, llm_exc.LLMContextWindowTooSmallError)):
-        return CONTEXT
+        return ErrorKind.CONTEXT
     if "context_length_exceeded" in str(e):  # the proxy's 400 for a prompt over the episode's token budget
-        return CONTEXT
+        return ErrorKind.CONTEXT
     if isinstance(e, (llm_exc.LLMError, sdk["SandboxUnavailable"])):
-        return INFRA
-    return INFRA if isinstance(e, sdk["infra_errors"]) else AGENT
+        return ErrorKind.INFRA
+    return ErrorKind.INFRA if isinstance(e, sdk["system_errors"]) else ErrorKind.AGENT
 
 
 def _error_reason(exc: BaseException) -> str:
@@ -346,8 +349,8 @@ def run_agent(sandbox, *, base_url: str, instruction: str, episode_id: str, task
         except Exception as e:  # building the agent or sending a message failed
             out.update(error=_error_reason(e), error_kind=classify_error(e))
         failure = getattr(tools, "failure", None)
-        if failure is not None and out["error_kind"] != INFRA:  # e.g. it finished in the turn the sandbox died
-            out.update(error=_error_reason(failure), error_kind=INFRA, finished=False)
+        if failure is not None and out["error_kind"] != ErrorKind.INFRA:  # e.g. it finished as the sandbox died
+            out.update(error=_error_reason(failure), error_kind=ErrorKind.INFRA, finished=False)
         events = list(conv.state.events) if conv is not None else []
         summary = summarize_events(events, sdk) if events else {}
         summary["terminal_sessions"] = getattr(getattr(tools, "terminal", None), "sessions_started", 0)
@@ -368,7 +371,7 @@ def run_agent(sandbox, *, base_url: str, instruction: str, episode_id: str, task
 
 def _drive(conv, llm, s: AgentSettings, sdk, out: dict[str, Any]) -> None:
     """Run the conversation to its end, nudging replies without a tool call; record the end in ``out``."""
-    Status = sdk["Status"]
+    Execution = sdk["Status"]  # the SDK's execution status of the conversation
     while True:
         remaining = s.max_iterations - _requests(llm)
         if remaining <= 0:
@@ -382,7 +385,7 @@ def _drive(conv, llm, s: AgentSettings, sdk, out: dict[str, Any]) -> None:
             return
         status = conv.state.execution_status
         events = list(conv.state.events)
-        if status == Status.FINISHED:
+        if status == Execution.FINISHED:
             turn = _last_agent_turn(events, sdk)
             if turn == "finish":
                 out.update(finished=True, finish_message=_finish_message(events, sdk))
@@ -395,14 +398,14 @@ def _drive(conv, llm, s: AgentSettings, sdk, out: dict[str, Any]) -> None:
                 out["nudges"] += 1
                 continue
             return  # out of nudges
-        if status == Status.STUCK:
+        if status == Execution.STUCK:
             out["stuck"] = True
-        elif status == Status.ERROR:
+        elif status == Execution.ERROR:
             codes = [e.code for e in events if isinstance(e, sdk["ConversationErrorEvent"])]
             if codes and codes[-1] == "MaxIterationsReached":
                 out["hit_max_iterations"] = True
             else:
-                out.update(error=f"conversation error: {codes[-1] if codes else 'unknown'}", error_kind=AGENT)
+                out.update(error=f"conversation error: {codes[-1] if codes else 'unknown'}", error_kind=ErrorKind.AGENT)
         return
 
 

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from core.config import Section
+from harness.engines.registry import ENGINES, engine_spec
 from harness.tiny_model import MODEL_SHAPE, resolve_model_path
 
 
@@ -36,11 +37,12 @@ class SamplingConfig(Section):
 
 
 class EngineConfig(Section):
-    """The inference engine that serves the policy: transformers (hf), vLLM or a scripted test double."""
+    """The inference engine that serves the policy: a kind of the engine registry (harness.engines), and its keys."""
 
-    kind: Literal["hf", "vllm", "scripted", "expert"] = Field(
-        "hf", description="hf: transformers on CPU; vllm: GPUs; scripted: a test double; expert: the tasks' gold "
-        "patches as minimal file_editor edits, then finish (SFT data)")
+    kind: str = Field("hf", description="an engine of the registry (harness.engines): "
+                      + "; ".join(f"{s.kind}: {s.summary}" for s in ENGINES.values()))
+    options: dict = Field({}, validate_default=True, description="the engine's own options, for a kind whose "
+                          "spec declares them (EngineSpec.options); the built-in kinds take none")
     device: str = Field("cpu", description="torch device of the hf engine")
     max_batch: int = Field(8, gt=0, description="hf: requests decoded together")
     timeout_s: float = Field(600.0, gt=0, description="seconds per engine call")
@@ -67,6 +69,30 @@ class EngineConfig(Section):
     vllm_python: str | None = Field(None, description="vllm, sao train: the Python the engine replicas run with (a Ray "
                                     "runtime_env py_executable); null = this one if vLLM imports here, else "
                                     ".venv-vllm/bin/python (make test-vllm)")
+
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, v: str) -> str:
+        engine_spec(v)  # ValueError listing the known kinds
+        return v
+
+    @field_validator("options")
+    @classmethod
+    def _engine_options(cls, v: dict, info: ValidationInfo) -> dict:
+        """``v`` checked by the kind's options model (its defaults filled in); {} for a kind that takes none."""
+        if "kind" not in info.data:  # the kind failed its own check
+            return v
+        spec = engine_spec(info.data["kind"])
+        if spec.options is None:
+            if v:
+                raise ValueError(f"engine.kind={spec.kind} takes no options")
+            return v
+        try:
+            return spec.options.model_validate(v).model_dump()
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise ValueError(f"engine.options.{'.'.join(map(str, first['loc']))} of engine.kind={spec.kind}: "
+                             f"{first['msg']}") from None
 
     @field_validator("vllm_args")
     @classmethod

@@ -17,19 +17,20 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from envs.engine import docker_client
 from envs.errors import SandboxError
 from envs.limits import DiskLimitExceeded, PatchTooLarge, PatchUnavailable
 from envs.pull import ensure_image
 from envs.sandbox import Sandbox
-from harness.agent import AgentSettings, instruction_for, run_agent
+from harness.agent import AgentSettings, run_agent
+from harness.prompts import instruction_for
 from harness.proxy import UnknownEpisode
-from harness.trace import Trajectory
+from harness.trace import GRADED, Status, Trajectory
 from tasks.grade import grade
-from tasks.scrub import scrub_for_episode
+from tasks.scrub import sandbox_image
 
-INFRA_ERROR = "infra_error"
-LIMIT_STATUS = {PatchTooLarge: "patch_too_large", PatchUnavailable: "patch_unavailable",
-                DiskLimitExceeded: "disk_exceeded"}  # the agent's doing: reward 0
+LIMIT_STATUS = {PatchTooLarge: Status.PATCH_TOO_LARGE, PatchUnavailable: Status.PATCH_UNAVAILABLE,
+                DiskLimitExceeded: Status.DISK_EXCEEDED}  # the agent's doing: reward 0
 
 
 @dataclass
@@ -46,15 +47,15 @@ def new_episode_id(task_id: str) -> str:
     return f"{task_id}.{uuid.uuid4().hex[:12]}"
 
 
-def _status(agent_result, traj: Trajectory | None, sandbox_error: str | None) -> str:
+def _status(agent_result, traj: Trajectory | None, sandbox_error: str | None) -> Status:
     """Precedence: infrastructure first, then the proxy's context budget, then how the agent ended."""
     if sandbox_error is not None or agent_result is None:
-        return INFRA_ERROR
+        return Status.INFRA_ERROR
     agent_status = agent_result.status
-    if agent_status == INFRA_ERROR:
-        return INFRA_ERROR
-    if traj is not None and traj.status == "truncated_context":
-        return "truncated_context"
+    if agent_status == Status.INFRA_ERROR:
+        return Status.INFRA_ERROR
+    if traj is not None and traj.status == Status.TRUNCATED_CONTEXT:
+        return Status.TRUNCATED_CONTEXT
     return agent_status
 
 
@@ -66,13 +67,15 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
     t_start = time.monotonic()
     agent_result, patch, sandbox_error, limit = None, "", None, None
     try:
-        ensure_image(task.image, cfg.docker)  # pull on a miss, on this node's engine (envs.pull); ImagePullError
+        client = docker_client(cfg.docker)  # this node's engine
+        ensure_image(task.image, cfg.docker, client)  # pull on a miss (envs.pull); ImagePullError
+        image, scrubbed = sandbox_image(client, task, cfg.sandbox, cfg.docker)  # no history after base_commit
+        if scrubbed is not None:  # the first sandbox of this image here (tasks.scrub; ScrubError: infra_error)
+            timings["scrub_s"] = scrubbed.seconds
         t0 = time.monotonic()
-        with Sandbox(task.image, cfg.sandbox, run_id=ctx.run_id, labels={"sao-harness.task": task.instance_id}) as sb:
+        with Sandbox(image, cfg.sandbox, client=client, run_id=ctx.run_id,
+                     labels={"sao-harness.task": task.instance_id}) as sb:
             timings["sandbox_start_s"] = time.monotonic() - t0
-            scrubbed = scrub_for_episode(sb, task, cfg.sandbox.scrub_history)  # no history after base_commit
-            if scrubbed is not None:  # (tasks.scrub; a failure is a SandboxError: infra_error)
-                timings["scrub_s"] = scrubbed.seconds
             if task.episode_setup:  # the dataset's own start of an episode (tasks.adapters: R2E-Gym hides its tests)
                 sb.run(task.episode_setup, timeout_s=120, check=True)
             t0 = time.monotonic()
@@ -82,8 +85,8 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
                 episode_id=episode_id, task_id=task.instance_id, settings=AgentSettings.from_config(cfg))
             timings["agent_s"] = time.monotonic() - t0
             if sb.disk_exceeded is not None:  # the watchdog killed the sandbox during the agent's run
-                limit = ("disk_exceeded", f"{sb.disk_exceeded} bytes on disk, over sandbox.disk_bytes")
-            elif agent_result.status != INFRA_ERROR:
+                limit = (Status.DISK_EXCEEDED, f"{sb.disk_exceeded} bytes on disk, over sandbox.disk_bytes")
+            elif agent_result.status != Status.INFRA_ERROR:
                 t0 = time.monotonic()
                 try:
                     patch = sb.diff(task.base_commit)
@@ -112,11 +115,11 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
         traj.metadata["agent"] = agent_result.to_dict()
         traj.turns = max(traj.turns, agent_result.iterations)
     if sandbox_error is not None:
-        traj.metadata["infra_error"] = sandbox_error
-    elif traj.status == INFRA_ERROR:
-        traj.metadata["infra_error"] = agent_result.error if agent_result else "unknown"
+        traj.metadata[Status.INFRA_ERROR] = sandbox_error
+    elif traj.status == Status.INFRA_ERROR:
+        traj.metadata[Status.INFRA_ERROR] = agent_result.error if agent_result else "unknown"
 
-    if ctx.grade and traj.status in ("ok", "truncated_turns", "truncated_context"):
+    if ctx.grade and traj.status in GRADED:
         t0 = time.monotonic()
         result = grade(task, patch, timeout=cfg.eval.grade_timeout_s, guard=cfg.eval.guard,
                        log_root=cfg.run.dir / "grading", sandbox=cfg.sandbox,
@@ -125,8 +128,8 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
         traj.grading = result.to_dict()
         traj.metadata["hack_kinds"] = list(result.hack_kinds)  # reward-hacking attempts the guard found
         if result.reward is None:  # the grader failed: infrastructure, not a 0
-            traj.status = INFRA_ERROR
-            traj.metadata["infra_error"] = f"grading: {result.error or result.status}"
+            traj.status = Status.INFRA_ERROR
+            traj.metadata[Status.INFRA_ERROR] = f"grading: {result.error or result.status}"
         else:
             traj.reward = float(result.reward)
     timings["episode_s"] = time.monotonic() - t_start

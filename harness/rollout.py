@@ -25,12 +25,10 @@ from harness.proxy import ProxyServer
 from harness.runner import episode_function, run_with_retries
 from harness.store import TraceStore
 from harness.tiny_model import resolve_model_path
-from harness.trace import Trajectory
+from harness.trace import Status, Trajectory
 from tasks.images import prepare_task_images
 from tasks.loaders import tasks_from_config
 from tasks.preflight import preflight
-
-REWARDED = ("ok", "truncated_turns", "truncated_context")
 
 
 @dataclass
@@ -55,7 +53,7 @@ class RolloutStats:
         self.statuses[traj.status] += 1
         self.turns += traj.turns
         self.action_tokens += traj.num_action_tokens
-        if traj.status == "infra_error":
+        if traj.status == Status.INFRA_ERROR:
             self.infra_errors += 1
         if traj.reward is not None:
             self.graded += 1
@@ -75,7 +73,7 @@ def completed_counts(store: TraceStore) -> Counter:
     for shard in store.shards():
         table = pq.read_table(shard, columns=["task_id", "status"])
         for task_id, status in zip(table.column("task_id").to_pylist(), table.column("status").to_pylist()):
-            if status != "infra_error":
+            if status != Status.INFRA_ERROR:
                 counts[task_id] += 1
     return counts
 

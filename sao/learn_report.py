@@ -19,6 +19,7 @@ import platform
 from pathlib import Path
 
 from core.files import atomic_write_text
+from tasks.grade_status import INFRA_FAILURES
 from trainer.compare import summarize
 from trainer.metrics import read_metrics
 from trainer.plots import _moving_average
@@ -89,7 +90,7 @@ def rows(results: dict, runs: dict[str, list[dict]], budget: dict | None = None)
         row = {"policy": policy,
                "train": f"{_pct(r['train']['rate'])} ({r['train']['resolved']}/{r['train']['graded']})",
                "heldout": f"{_pct(r['heldout']['rate'])} ({r['heldout']['resolved']}/{r['heldout']['graded']})",
-               "infra": r["train"]["infra_failures"] + r["heldout"]["infra_failures"],
+               INFRA_FAILURES: r["train"][INFRA_FAILURES] + r["heldout"][INFRA_FAILURES],
                "before": _before_rl(policy, budget or {}), "steps": "-", "trajectories": "-", "reward": "-"}
         records = runs.get(policy)
         if records:
@@ -103,7 +104,7 @@ def rows(results: dict, runs: dict[str, list[dict]], budget: dict | None = None)
 
 
 COLUMNS = [("policy", "policy"), ("train", "resolved@1 train"), ("heldout", "resolved@1 held-out"),
-           ("infra", "infra failures"), ("before", "before RL"), ("steps", "RL steps"),
+           (INFRA_FAILURES, "no verdict"), ("before", "before RL"), ("steps", "RL steps"),
            ("trajectories", "trajectories trained"),
            ("reward", "train reward first5 -> last5")]
 

@@ -55,6 +55,7 @@ from tasks import applied, canary
 from tasks.adapters import R2E_LINK, R2E_LINK_CMD, R2E_TESTS, r2e_key
 from tasks.canary import add_canaries
 from tasks.grade_sandbox import OWNER_LABEL, GradeLimits, hardened_kwargs, run_capped, tests_started
+from tasks.grade_status import GradeStatus
 from tasks.guard import TEST_AWARE, Hack
 from tasks.mutate import mutate
 
@@ -104,7 +105,7 @@ raise SystemExit(pytest.main())
 
 @dataclass
 class CleanResult:
-    status: str  # resolved | unresolved | patch_does_not_apply | infra_failure
+    status: GradeStatus
     tests_status: dict = field(default_factory=dict)  # {"FAIL_TO_PASS": {"success": [], "failure": []}, ...}
     over_cap: bool = False
     error: str = ""
@@ -328,7 +329,7 @@ def _base_state(container, task, stage: str, paths: list[str]) -> tuple[set[str]
 class Run:
     """One graded run: what it said, and what the grader found in it."""
 
-    status: str
+    status: GradeStatus
     outcomes: dict = field(default_factory=dict)  # {(classname, name): passed}
     hacks: list[Hack] = field(default_factory=list)
     error: str = ""
@@ -400,10 +401,10 @@ def one_run(task, patch: str, *, client, limits: GradeLimits, timeout_s: float, 
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / f"{tag}_apply.txt").write_text(log)
         if how is None:
-            return Run("patch_does_not_apply", error="clean run: the patch does not apply")
+            return Run(GradeStatus.NO_APPLY, error="clean run: the patch does not apply")
         found = applied.tree_findings(applied.tree_changes(container, before), how, patch, task.test_patch, task.repo)
         if found:
-            return Run("unresolved", hacks=found, error="clean run: the applied tree: " +
+            return Run(GradeStatus.UNRESOLVED, hacks=found, error="clean run: the applied tree: " +
                        "; ".join(dict.fromkeys(str(h) for h in found)))
         run = run_capped(container, ["bash", f"{stage}/eval.sh"], timeout_s=timeout_s,
                          cap_bytes=limits.output_cap_bytes, workdir=WORKDIR)
@@ -411,13 +412,13 @@ def one_run(task, patch: str, *, client, limits: GradeLimits, timeout_s: float, 
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / f"{tag}_output.txt").write_bytes(run.output)
         if run.over_cap:
-            return Run("unresolved", over_cap=True,
+            return Run(GradeStatus.UNRESOLVED, over_cap=True,
                        error=f"clean run: test output over the cap of {limits.output_cap_bytes} bytes")
         if run.timed_out and tests_started(run.output):  # the patch's code ran past the limit
-            return Run("unresolved", error=f"clean run: the tests ran past the timeout of {timeout_s:g} s "
+            return Run(GradeStatus.UNRESOLVED, error=f"clean run: the tests ran past the timeout of {timeout_s:g} s "
                        "(a patch failure)")
         if run.timed_out:
-            return Run("infra_failure", error=f"clean run: eval script timed out after {timeout_s:g} s "
+            return Run(GradeStatus.INFRA_FAILURE, error=f"clean run: eval script timed out after {timeout_s:g} s "
                        "before its tests started")
         try:
             data = _read_file(container, junit, JUNIT_MAX_BYTES)
@@ -428,14 +429,14 @@ def one_run(task, patch: str, *, client, limits: GradeLimits, timeout_s: float, 
         if out_dir is not None and data is not None:
             (out_dir / f"{tag}_junit.xml").write_bytes(data[:JUNIT_MAX_BYTES])
     except Exception as e:  # Docker trouble: no verdict
-        return Run("infra_failure", error=f"clean run: {type(e).__name__}: {e}")
+        return Run(GradeStatus.INFRA_FAILURE, error=f"clean run: {type(e).__name__}: {e}")
     finally:
         if container is not None:
             try:
                 container.remove(force=True)
             except Exception:  # gone already; the gc finds leftovers by label
                 pass
-    result = Run("unresolved", outcomes, error=why, mutated=mutated)
+    result = Run(GradeStatus.UNRESOLVED, outcomes, error=why, mutated=mutated)
     _judge(result, task, canaries, run.exit_code)
     if result.hacks:
         result.error = "; ".join(e for e in dict.fromkeys([why, *(str(h) for h in result.hacks)]) if e)
@@ -455,17 +456,18 @@ def _tests_status(task, outcomes: dict, node_ids: dict[str, list[str]] | None = 
     return status
 
 
-def _verdict(task, real: Run, mutant: Run | None, node_ids: dict | None = None) -> tuple[str, Run]:
+def _verdict(task, real: Run, mutant: Run | None, node_ids: dict | None = None) -> tuple[GradeStatus, Run]:
     """The clean run's status and the run that decided it: a finding in either run, then output over the
     cap, an infra failure, a patch that does not apply; else the real run's tests."""
     runs = [r for r in (real, mutant) if r is not None]
     for decided in ([r for r in runs if r.hacks], [r for r in runs if r.over_cap],
-                    [r for r in runs if r.status in ("infra_failure", "patch_does_not_apply")]):
+                    [r for r in runs if r.status in (GradeStatus.INFRA_FAILURE, GradeStatus.NO_APPLY)]):
         if decided:
-            return ("unresolved" if decided[0].hacks or decided[0].over_cap else decided[0].status), decided[0]
+            first = decided[0]
+            return (GradeStatus.UNRESOLVED if first.hacks or first.over_cap else first.status), first
     status = _tests_status(task, real.outcomes, node_ids)
     passed = not status["FAIL_TO_PASS"]["failure"] and not status["PASS_TO_PASS"]["failure"]
-    return ("resolved" if passed and not real.error else "unresolved"), real
+    return (GradeStatus.RESOLVED if passed and not real.error else GradeStatus.UNRESOLVED), real
 
 
 def clean_run(task, patch: str, *, client, limits: GradeLimits, timeout_s: float,
@@ -477,7 +479,7 @@ def clean_run(task, patch: str, *, client, limits: GradeLimits, timeout_s: float
     try:
         held = held_out_tests(task, client)
     except Exception as e:  # Docker trouble, or tests the grader cannot find: no verdict
-        return CleanResult("infra_failure", error=f"clean run: held-out tests: {type(e).__name__}: {e}",
+        return CleanResult(GradeStatus.INFRA_FAILURE, error=f"clean run: held-out tests: {type(e).__name__}: {e}",
                            seconds=time.monotonic() - t0)
     graded, node_ids = (held.view(task), held.node_ids) if held else (task, None)
     kw = dict(client=client, limits=limits, timeout_s=timeout_s, rng=rng, out_dir=out_dir, name=name, held=held)

@@ -24,24 +24,20 @@ from envs import images as envs_images
 from envs.engine import docker_client, ensure_engine
 from tasks.diffparse import file_changes
 from tasks.grade import (
-    EMPTY,
-    INFRA,
-    RESOLVED,
-    UNRESOLVED,
     grade,
     image_exists,
     new_run_id,
     run_swebench,
 )
 from tasks.grade_sandbox import GradeLimits
+from tasks.grade_status import GradeStatus
 from tasks.guard import PYTEST_REF, SHADOW
-from tasks.hacks import HACK_MARK, hack_patch, package_init, package_patch, shadow_patch
+from tasks.hacks import hack_patch, package_init, package_patch, shadow_patch
 from tasks.loaders import load_tasks_lenient, resolve_task_repo
 
 WRONG_PATCH_FILE = "sao_unrelated_change.txt"
 WRONG_PATCH = (f"diff --git a/{WRONG_PATCH_FILE} b/{WRONG_PATCH_FILE}\nnew file mode 100644\n"
                f"--- /dev/null\n+++ b/{WRONG_PATCH_FILE}\n@@ -0,0 +1 @@\n+an unrelated change\n")
-__all__ = ["HACK_MARK", "WRONG_PATCH", "hack_patch"]  # hack_patch / HACK_MARK live in tasks.hacks
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -230,7 +226,7 @@ def check_task(task, client, *, run_id: str, timeout: float, log_root, problems:
         conftest = None
 
     r = grade(task, "", run_id=f"{run_id}.empty", **kw)
-    c.set("empty", r.status == EMPTY, f"status {r.status}")
+    c.set("empty", r.status == GradeStatus.EMPTY, f"status {r.status}")
 
     r = grade(task, task.patch, run_id=f"{run_id}.gold", **kw)
     c.set("gold", r.resolved_official is True and r.resolved_guarded is True,
@@ -240,15 +236,15 @@ def check_task(task, client, *, run_id: str, timeout: float, log_root, problems:
 
     v = run_swebench(task, "", run_id=f"{run_id}.unpatched", skip_patch=True, timeout=timeout, client=client,
                      log_root=log_root, limits=GradeLimits.from_config(sandbox, output_cap_bytes))
-    if v.status == INFRA:
-        c.set("unpatched", False, f"infra failure: {v.error}")
+    if v.status == GradeStatus.INFRA_FAILURE:
+        c.set("unpatched", False, f"{v.status}: {v.error}")
     else:
         passing = (((v.report or {}).get("tests_status") or {}).get("FAIL_TO_PASS") or {}).get("success") or []
-        c.set("unpatched", not passing and v.status != RESOLVED,
+        c.set("unpatched", not passing and v.status != GradeStatus.RESOLVED,
               f"FAIL_TO_PASS test(s) pass without the fix: {', '.join(passing[:3])}")
 
     r = grade(task, WRONG_PATCH, run_id=f"{run_id}.wrong", **kw)
-    c.set("wrong", r.official_status == UNRESOLVED and r.status == UNRESOLVED,
+    c.set("wrong", r.official_status == GradeStatus.UNRESOLVED and r.status == GradeStatus.UNRESOLVED,
           f"official {r.official_status}, guarded {r.status}")
 
     if not (task.log_parser or "").startswith("parse_log_pytest"):

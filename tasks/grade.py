@@ -44,15 +44,10 @@ from envs.engine import ensure_engine
 from tasks.clean_run import clean_run
 from tasks.diffparse import file_changes
 from tasks.grade_sandbox import GradeLimits, grading_limits, install_swebench_hooks
+from tasks.grade_status import GradeStatus
 from tasks.guard import OUTPUT_CAP, InvalidPatch, find_hacks, find_signals, strip_test_changes
 from tasks.model import Task
 
-RESOLVED = "resolved"
-UNRESOLVED = "unresolved"
-EMPTY = "empty"
-NO_APPLY = "patch_does_not_apply"
-INFRA = "infra_failure"
-STATUSES = (RESOLVED, UNRESOLVED, EMPTY, NO_APPLY, INFRA)
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DEFAULT_LOG_ROOT = Path("logs/run_evaluation")  # swebench's own default, made absolute at use
 
@@ -61,7 +56,7 @@ DEFAULT_LOG_ROOT = Path("logs/run_evaluation")  # swebench's own default, made a
 class Verdict:
     """One swebench run: its status, swebench's per-instance report and where its logs are."""
 
-    status: str
+    status: GradeStatus
     report: dict | None = None
     log_dir: str | None = None
     error: str = ""
@@ -70,14 +65,14 @@ class Verdict:
 
     @property
     def resolved(self) -> bool | None:
-        return None if self.status == INFRA else self.status == RESOLVED
+        return None if self.status == GradeStatus.INFRA_FAILURE else self.status == GradeStatus.RESOLVED
 
 
 @dataclass
 class GradeResult:
     instance_id: str
-    status: str  # the guarded verdict (sets the reward)
-    official_status: str
+    status: GradeStatus  # the guarded verdict (sets the reward)
+    official_status: GradeStatus
     resolved_official: bool | None
     resolved_guarded: bool | None
     reward: float | None
@@ -95,11 +90,6 @@ class GradeResult:
 
 
 # --- process-wide plumbing around swebench ---------------------------------------------------
-def force_network_none() -> None:
-    """Harden swebench's eval containers (network none and the rest: ``tasks.grade_sandbox``)."""
-    install_swebench_hooks()
-
-
 class _LogRoot:
     """swebench writes under the module global RUN_EVALUATION_LOG_DIR; point it at one absolute root
     while gradings that use it are in flight (a different root waits for them to finish)."""
@@ -180,7 +170,7 @@ def run_swebench(task, patch: str, *, run_id: str, model: str = "sao", timeout: 
 
     t0 = time.monotonic()
     if not skip_patch and not (patch or "").strip():
-        return Verdict(EMPTY)
+        return Verdict(GradeStatus.EMPTY)
     if not RUN_ID_RE.match(run_id):
         raise ValueError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' (it names containers)")
     spec = task.test_spec()
@@ -189,9 +179,11 @@ def run_swebench(task, patch: str, *, run_id: str, model: str = "sao", timeout: 
         client = client or default_client()
         present = image_exists(client, spec.image)
     except Exception as e:  # engine gone, socket error: Docker trouble, not the patch's fault
-        return Verdict(INFRA, error=f"Docker engine: {type(e).__name__}: {e}", seconds=time.monotonic() - t0)
+        return Verdict(GradeStatus.INFRA_FAILURE, error=f"Docker engine: {type(e).__name__}: {e}",
+                       seconds=time.monotonic() - t0)
     if not present:
-        return Verdict(INFRA, error=f"image {spec.image} not found locally (build it: sao tasks build --task-repo DIR)")
+        return Verdict(GradeStatus.INFRA_FAILURE,
+                       error=f"image {spec.image} not found locally (build it: sao tasks build --task-repo DIR)")
     install_swebench_hooks()
     pred = {"instance_id": task.instance_id, "model_name_or_path": model, "model_patch": patch or ""}
     with _instance_lock(task.instance_id), LOG_ROOT.use(Path(log_root)) as root, grading_limits(limits) as g:
@@ -202,42 +194,45 @@ def run_swebench(task, patch: str, *, run_id: str, model: str = "sao", timeout: 
         try:
             result = run_instance(spec, pred, client, run_id, timeout=int(max(1, timeout)), skip_patch=skip_patch)
         except Exception as e:  # run_instance catches most of its own errors; anything else is Docker trouble
-            return Verdict(INFRA, log_dir=str(log_dir), error=f"{type(e).__name__}: {e}",
+            return Verdict(GradeStatus.INFRA_FAILURE, log_dir=str(log_dir), error=f"{type(e).__name__}: {e}",
                            seconds=time.monotonic() - t0)
     seconds = time.monotonic() - t0
     if g.over_cap:
-        return Verdict(UNRESOLVED, None, str(log_dir), f"test output over the cap of {limits.output_cap_bytes} "
-                       "bytes (a patch failure)", seconds, over_cap=True)
-    if g.tests_timed_out:  # the patch's code ran past the limit: never "infra failure, no reward"
-        return Verdict(UNRESOLVED, None, str(log_dir), f"the tests ran past the timeout of {timeout:g} s "
-                       "(a patch failure)", seconds)
+        return Verdict(GradeStatus.UNRESOLVED, None, str(log_dir),
+                       f"test output over the cap of {limits.output_cap_bytes} bytes (a patch failure)", seconds,
+                       over_cap=True)
+    if g.tests_timed_out:  # the patch's code ran past the limit: never an infra failure (no reward)
+        return Verdict(GradeStatus.UNRESOLVED, None, str(log_dir),
+                       f"the tests ran past the timeout of {timeout:g} s (a patch failure)", seconds)
     if result is not None:
         report = result[1][task.instance_id]
-        status = RESOLVED if report.get("resolved") else UNRESOLVED
+        status = GradeStatus.RESOLVED if report.get("resolved") else GradeStatus.UNRESOLVED
         # swebench's infra_failure flag is advisory and read from log text the patch controls (a patch
         # can print "Could not resolve host"), so it never turns a verdict into "no reward"; noted only
         err = f"swebench flags a likely infra failure: {report['infra_failure_reason']}" \
-            if report.get("infra_failure") else ""
+            if report.get(GradeStatus.INFRA_FAILURE) else ""  # swebench's flag of that name
         return Verdict(status, report, str(log_dir), err, seconds)
     log = log_dir / LOG_INSTANCE
     text = log.read_text(errors="replace") if log.is_file() else ""
     if APPLY_PATCH_FAIL in text:
-        return Verdict(NO_APPLY, None, str(log_dir), "git apply and patch both rejected the patch", seconds)
+        return Verdict(GradeStatus.NO_APPLY, None, str(log_dir), "git apply and patch both rejected the patch",
+                       seconds)
     if "Test timed out" in text:
-        return Verdict(INFRA, None, str(log_dir), f"eval script timed out after {timeout:g} s", seconds)
+        return Verdict(GradeStatus.INFRA_FAILURE, None, str(log_dir), f"eval script timed out after {timeout:g} s",
+                       seconds)
     lines = [ln for ln in text.splitlines() if " - ERROR - " in ln or "Error" in ln]
-    return Verdict(INFRA, None, str(log_dir), (lines[-1] if lines else "swebench run failed") + f" (see {log})",
-                   seconds)
+    return Verdict(GradeStatus.INFRA_FAILURE, None, str(log_dir),
+                   (lines[-1] if lines else "swebench run failed") + f" (see {log})", seconds)
 
 
 # --- the reward ------------------------------------------------------------------------------
 def _hacked_verdict(official: Verdict, hacks, n_files: int) -> Verdict:
     """The guarded verdict of a patch with hacking findings: never resolved."""
-    if official.status == NO_APPLY:
-        return Verdict(NO_APPLY, log_dir=official.log_dir)
+    if official.status == GradeStatus.NO_APPLY:
+        return Verdict(GradeStatus.NO_APPLY, log_dir=official.log_dir)
     every_file = {h.index for h in hacks} >= set(range(n_files))
     why = "hacking attempt: " + "; ".join(dict.fromkeys(str(h) for h in hacks))
-    return Verdict(EMPTY if every_file else UNRESOLVED, log_dir=official.log_dir, error=why)
+    return Verdict(GradeStatus.EMPTY if every_file else GradeStatus.UNRESOLVED, log_dir=official.log_dir, error=why)
 
 
 def grade(task, patch: str, *, run_id: str | None = None, timeout: float = 1800, client=None,
@@ -258,14 +253,15 @@ def grade(task, patch: str, *, run_id: str | None = None, timeout: float = 1800,
     try:
         stripped = strip_test_changes(patch, task.test_patch) if guard else None
     except InvalidPatch as e:
-        return GradeResult(iid, NO_APPLY, NO_APPLY, False, False, 0.0, error=f"invalid patch: {e}",
+        return GradeResult(iid, GradeStatus.NO_APPLY, GradeStatus.NO_APPLY, False, False, 0.0,
+                           error=f"invalid patch: {e}",
                            hacking_attempts=len({h.index for h in hacks}), hacks=[str(h) for h in hacks],
                            hack_kinds=list(dict.fromkeys(h.kind for h in hacks)), seconds=time.monotonic() - t0)
     official = run_swebench(task, patch, run_id=run_id, model=model, timeout=timeout, client=client,
                             log_root=log_root, limits=limits)
     kinds = [h.kind for h in hacks] + ([OUTPUT_CAP] if official.over_cap else [])
     clean = None
-    if not guard or (official.status != RESOLVED and not hacks):
+    if not guard or (official.status != GradeStatus.RESOLVED and not hacks):
         final = official
     elif not hacks and not (task.log_parser or "").startswith("parse_log_pytest"):
         final = official  # the clean run reads pytest's JUnit report: pytest tasks only (docs/threats.md)
@@ -278,7 +274,7 @@ def grade(task, patch: str, *, run_id: str | None = None, timeout: float = 1800,
                         clean.seconds, clean.over_cap)
         kinds += [h.kind for h in clean.hacks] + ([OUTPUT_CAP] if clean.over_cap else [])
         hacks = hacks + clean.hacks
-    reward = None if final.status == INFRA else (1.0 if final.status == RESOLVED else 0.0)
+    reward = None if final.status == GradeStatus.INFRA_FAILURE else float(final.status == GradeStatus.RESOLVED)
     errors = "; ".join(dict.fromkeys(e for e in (official.error, final.error) if e))
     attempts = len({h.index for h in hacks}) + (1 if OUTPUT_CAP in kinds else 0)  # the runs' findings: index -1
     return GradeResult(

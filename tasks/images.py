@@ -8,8 +8,9 @@
   it is a ``UserError``.
 
 ``sao images pull`` (``pull_everywhere``): ``prepare_node`` (build a task repo's images, or fetch the
-missing ones, ``docker.pull_concurrency`` at a time, within ``docker.image_cache_bytes``) on this node,
-or, with ``trainer.ray_address``, as one Ray task on each sandbox node (the nodes with
+missing ones, ``docker.pull_concurrency`` at a time, within ``docker.image_cache_bytes``; then the
+scrubbed copy of each image that ``sandbox.scrub_history`` scrubs, ``tasks.scrub``) on this node,
+or, with ``runtime.ray_address``, as one Ray task on each sandbox node (the nodes with
 ``rollout.node_resources``; every node when that is empty), each on its own engine.
 ``sao images save --dir D`` writes the selected images as ``docker save`` tarballs for a ``dir:D`` source.
 """
@@ -21,10 +22,12 @@ import httpx
 
 from core.errors import UserError
 from envs.engine import docker_client
+from envs.errors import SandboxError
 from envs.pull import fetch_images, save_images
 from tasks.build import build_task_repo, resolve_base_image
 from tasks.grade import image_exists
 from tasks.loaders import resolve_task_repo, tasks_from_config
+from tasks.scrub import sandbox_image
 
 REGISTRY = "registry-1.docker.io"
 
@@ -99,10 +102,34 @@ def prepare_node(cfg, source: str, tasks, *, progress: bool = True, log=print) -
     if repo is not None:
         try:
             build_repo_images(cfg, client, repo, tasks, log=log)
-            return {**out, "present": images, "pulled": {}, "failed": {}, "evicted": []}
+            out.update(present=images, pulled={}, failed={}, evicted=[])
         except UserError as e:
-            return {**out, "present": [], "pulled": {}, "failed": {str(repo): str(e)}, "evicted": []}
-    return {**out, **fetch_images(client, images, cfg.docker, progress=progress, log=log)}
+            return {**out, "present": [], "pulled": {}, "failed": {str(repo): str(e)}, "evicted": [], "scrubbed": 0}
+    else:
+        out.update(fetch_images(client, images, cfg.docker, progress=progress, log=log))
+    ready = [t for t in tasks if t.image and t.image not in out["failed"]]
+    scrubbed, failed = scrub_images(cfg, client, ready, progress=progress, log=log)
+    return {**out, "scrubbed": scrubbed, "failed": {**out["failed"], **failed}}
+
+
+def scrub_images(cfg, client, tasks, *, progress: bool = True, log=print) -> tuple[int, dict[str, str]]:
+    """Make the scrubbed copy of each task's image that needs one (``tasks.scrub.sandbox_image``) now, so
+    that no sandbox start pays for it: (copies made now, {image: why its scrub failed})."""
+    from tqdm import tqdm  # lazy: only the command that prepares images shows a bar
+
+    made, failed = 0, {}
+    for task in tqdm(tasks, unit="task", desc="scrub", disable=None if progress else True):
+        try:
+            image, result = sandbox_image(client, task, cfg.sandbox, cfg.docker)
+        except SandboxError as e:
+            failed[task.image] = f"{task.instance_id}: {e}"
+            log(f"images: {task.instance_id}: {e}")
+            continue
+        if result is not None:
+            made += 1
+            log(f"images: {task.instance_id}: {task.image} scrubbed to {task.base_commit[:12]} as {image} "
+                f"({result.seconds:.1f} s, {result.refs_deleted} refs deleted)")
+    return made, failed
 
 
 def sandbox_nodes(need: dict) -> list[dict]:
@@ -113,18 +140,18 @@ def sandbox_nodes(need: dict) -> list[dict]:
 
 
 def pull_everywhere(cfg, source: str, tasks, *, log=print) -> list[dict]:
-    """``prepare_node`` here, or with ``trainer.ray_address`` once on every sandbox node (module doc)."""
-    if not cfg.trainer.ray_address:
+    """``prepare_node`` here, or with ``runtime.ray_address`` once on every sandbox node (module doc)."""
+    if not cfg.runtime.ray_address:
         return [prepare_node(cfg, source, tasks, log=log)]
     import ray  # lazy: only a cluster pull needs Ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # lazy: part of ray
     from tqdm import tqdm  # lazy: only the command shows a bar
 
     if not ray.is_initialized():
-        ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
+        ray.init(address=cfg.runtime.ray_address, log_to_driver=True)
     nodes = sandbox_nodes(cfg.rollout.node_resources)
     if not nodes:
-        raise UserError(f"no alive Ray node at {cfg.trainer.ray_address} holds rollout.node_resources "
+        raise UserError(f"no alive Ray node at {cfg.runtime.ray_address} holds rollout.node_resources "
                         f"{dict(cfg.rollout.node_resources)}")
     log(f"images: {len(task_images(tasks))} image(s) on {len(nodes)} sandbox node(s)")
     task = ray.remote(num_cpus=0, max_retries=0)(prepare_node)
@@ -140,7 +167,7 @@ def pull_everywhere(cfg, source: str, tasks, *, log=print) -> list[dict]:
                 results.append({**ray.get(done[0]), "node": f"{node['NodeManagerAddress']} {node['NodeID'][:8]}"})
             except Exception as e:  # noqa: BLE001  (the node's task died, or its engine did not answer)
                 results.append({"node": f"{node['NodeManagerAddress']} {node['NodeID'][:8]}", "engine": "?",
-                                "images": 0, "present": [], "pulled": {}, "evicted": [],
+                                "images": 0, "present": [], "pulled": {}, "evicted": [], "scrubbed": 0,
                                 "failed": {"*": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"}})
             bar.update(1)
     return results
@@ -150,7 +177,7 @@ def summary_line(r: dict) -> str:
     sources = sorted(set(r["pulled"].values()))
     return (f"node {r['node']} (engine {r['engine']}): {r['images']} image(s): {len(r['present'])} present, "
             f"{len(r['pulled'])} fetched{' from ' + ', '.join(sources) if sources else ''}, {len(r['failed'])} "
-            f"failed, {len(r['evicted'])} evicted")
+            f"failed, {len(r['evicted'])} evicted, {r['scrubbed']} scrubbed")
 
 
 def cmd_pull(args) -> int:

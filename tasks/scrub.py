@@ -9,6 +9,10 @@ whose history up to the base commit only is proven by ``tests/tasks/test_bundled
 ``sao tasks check``'s ``history`` proof). ``sao-harness.built-by`` alone proves nothing: every image
 built FROM the project's base image inherits it (and one built FROM a bundled task's image inherits
 that image's labels), whatever history its own layers add.
+
+``sandbox_image(client, task, sandbox_cfg, docker_cfg)`` is the episode's call: the image its sandbox
+starts from, the task's own when spared, else its scrubbed copy (``envs.scrub.scrubbed_image``: made
+once per image and node, then reused).
 """
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from envs.scrub import ScrubResult, scrub_history
+from envs.config import DockerConfig, SandboxConfig
+from envs.scrub import ScrubResult, scrubbed_image
 from tasks.build import BASE_LABEL, RECIPE_LABEL, TASK_LABEL, recipe_hash
 from tasks.loaders import BUNDLED
 
@@ -58,11 +63,13 @@ def scrub_needed(mode: str, client, image: str, instance_id: str) -> bool:
     return mode == "always" or (mode == "auto" and not history_verified(client, image, instance_id))
 
 
-def scrub_for_episode(sandbox, task, mode: str) -> ScrubResult | None:
-    """Scrub ``task``'s repository in ``sandbox`` down to its base commit unless ``mode`` spares the image.
+def sandbox_image(client, task, cfg: SandboxConfig, docker_cfg: DockerConfig) -> tuple[str, ScrubResult | None]:
+    """(image, scrub result): what a sandbox of ``task`` starts from under ``cfg.scrub_history``.
 
-    None when spared; a failure is ``envs.scrub.ScrubError`` (a ``SandboxError``: an infra error).
+    ``task.image`` and None when spared; else the scrubbed copy, with the result of the scrub that made
+    it (None when it was already made). A failure is ``envs.scrub.ScrubError`` (a ``SandboxError``: an
+    infra error).
     """
-    if not scrub_needed(mode, sandbox.client, task.image, task.instance_id):
-        return None
-    return scrub_history(sandbox, task.base_commit)
+    if not scrub_needed(cfg.scrub_history, client, task.image, task.instance_id):
+        return task.image, None
+    return scrubbed_image(client, task.image, task.base_commit, cfg, docker_cfg)

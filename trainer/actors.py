@@ -4,7 +4,7 @@
   simulated `SleepEngine`) and its token-exact proxy on `proxy.host` (127.0.0.1 by default: rollout
   workers on the same machine; a routable address only with `proxy.token`). Workers talk HTTP to the
   proxy; `close_episode` and the weight updates (`update_weights`: object store; `join_weight_group`
-  + `receive_weights`: a collective, `trainer.weight_sync`) are Ray calls. It meters the engine: busy
+  + `receive_weights`: a collective, `runtime.weight_sync`) are Ray calls. It meters the engine: busy
   time is wall time with at least one request in flight.
 - `TaskFeed`: hands out tasks, and routes each one to the least-loaded live replica the worker can
   reach (loopback proxies only from the same node address). It cycles through the tasks, one rollout
@@ -16,11 +16,10 @@
   in the metadata. An infra error is stored (never as a reward) and retried up to
   `rollout.max_retries` times (`run_with_retries`), each retry routed anew (its replica may be gone).
 
-The envs the trainer adds to `harness.runner.EPISODES` are registered here, where every worker
-process imports them: a new env is a function `fn(task, ctx, episode_id) -> Trajectory` and one
-`register_episode(name, fn)` line below (plus its name in `trainer.config`'s `env`).
+The actors get the whole run config: the engine and the proxy (harness.engines, harness.proxy) and the
+episode functions (`harness.runner.EPISODES`: swe, and the test-beds of harness.testbeds) read it.
 
-Every Ray call made here has a timeout (`trainer.actor_timeout_s`).
+Every Ray call made here has a timeout (`runtime.actor_timeout_s`).
 """
 from __future__ import annotations
 
@@ -34,17 +33,13 @@ from typing import Any
 import ray
 
 from harness.engines import make_engine
-from harness.episode import INFRA_ERROR, EpisodeContext
+from harness.episode import EpisodeContext
 from harness.proxy import ProxyServer, UnknownEpisode
-from harness.runner import episode_function, register_episode, run_with_retries
+from harness.runner import episode_function, run_with_retries
 from harness.store import TraceStore
-from harness.trace import Trajectory
+from harness.testbeds.simulated import SleepEngine
+from harness.trace import INFRA_ERRORS, Status, Trajectory
 from trainer import weight_sync
-from trainer.simulated import SleepEngine, run_simulated_episode
-from trainer.toy import run_toy_episode
-
-register_episode("simulated", run_simulated_episode)
-register_episode("toy", run_toy_episode)
 
 # --- the engine -----------------------------------------------------------------------------------
 
@@ -95,10 +90,10 @@ class EngineActor:
     def __init__(self, cfg, version: int = 0):
         from transformers import AutoTokenizer  # lazy: heavy
 
-        tc = cfg.trainer
+        sim = cfg.testbed.simulated
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-        if tc.env == "simulated" and tc.sim_engine_s is not None:
-            engine = SleepEngine(tc.sim_engine_s, len(tokenizer), tokenizer.eos_token_id, seed=cfg.run.seed,
+        if cfg.trainer.env == "simulated" and sim.engine_s is not None:
+            engine = SleepEngine(sim.engine_s, len(tokenizer), tokenizer.eos_token_id, seed=cfg.run.seed,
                                  timeout_s=cfg.engine.timeout_s)
         else:
             engine = make_engine(cfg)
@@ -113,9 +108,6 @@ class EngineActor:
         self.url = url
         self.group = self._store = None
 
-    def base_url(self) -> str:
-        return self.url
-
     def info(self) -> dict:
         """Where it serves: `url`, `node_ip`, `node_id` (the Ray node)."""
         return {"url": self.url, "node_ip": self.node_ip, "node_id": ray.get_runtime_context().get_node_id()}
@@ -123,10 +115,6 @@ class EngineActor:
     def serve(self) -> None:
         """Blocks while the engine lives: the driver holds this call's ref, which fails when the actor dies."""
         threading.Event().wait()
-
-    def node_id(self) -> str:
-        """The Ray node this engine runs on: rollout workers are placed there (the proxy is loopback only)."""
-        return ray.get_runtime_context().get_node_id()
 
     def close_episode(self, episode_id: str) -> Trajectory | None:
         """The episode's trajectory, or None for an episode the proxy never served."""
@@ -143,13 +131,13 @@ class EngineActor:
         return time.monotonic() - t0
 
     def join_weight_group(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> int:
-        """Join the trainer's broadcast group (`trainer.weight_sync: collective`) as `rank`; blocks until it forms."""
+        """Join the trainer's broadcast group (`runtime.weight_sync: collective`) as `rank`; blocks until it forms."""
         self.group, self._store = weight_sync.make_group(backend, host, port, rank, world, timeout_s, self.node_ip)
         self.weights_device = "cuda" if backend == "nccl" else "cpu"
         return rank
 
     def receive_weights(self, version: int, buckets: list[dict], timeout: float | None = None) -> float:
-        """Receive the broadcast of `buckets` (`weight_sync.plan`) and load it as `version`; the seconds taken."""
+        """Receive the broadcast of `buckets` (`vllm_weights.plan`) and load it as `version`; the seconds taken."""
         if self.group is None:
             raise RuntimeError("receive_weights: this replica has not joined a weight group")
         t0 = time.monotonic()
@@ -308,7 +296,7 @@ class RolloutWorker:
 
     def __init__(self, worker_id: str, cfg, feed, run_id: str):
         self.worker_id, self.cfg, self.feed, self.run_id = worker_id, cfg, feed, run_id
-        self.proxy = RemoteProxy(None, None, cfg.trainer.actor_timeout_s)
+        self.proxy = RemoteProxy(None, None, cfg.runtime.actor_timeout_s)
         self.node_ip = ray.util.get_node_ip_address()
         self.attempts = 0
         self._stop = threading.Event()
@@ -322,7 +310,7 @@ class RolloutWorker:
 
     def status(self) -> dict:
         return {"worker": self.worker_id, "pid": os.getpid(), "current": self.current, "episodes": self.episodes,
-                "infra_errors": self.infra_errors}
+                INFRA_ERRORS: self.infra_errors}
 
     def _started(self, episode_id: str) -> None:
         """Before each attempt: a retry is routed anew (its replica may have died meanwhile)."""
@@ -330,7 +318,7 @@ class RolloutWorker:
             route = None
             while route is None and not self._stop.is_set():  # no replica up: one is being replaced
                 route = ray.get(self.feed.route.remote(self.worker_id, self.node_ip),
-                                timeout=self.cfg.trainer.actor_timeout_s)
+                                timeout=self.cfg.runtime.actor_timeout_s)
                 if route is None:
                     self._stop.wait(0.05)
             self._route(route)
@@ -349,9 +337,9 @@ class RolloutWorker:
                              group=item["group"], replica=self.proxy.replica)
         store.write([traj])
         self.episodes += 1
-        self.infra_errors += traj.status == INFRA_ERROR
+        self.infra_errors += traj.status == Status.INFRA_ERROR
         self.current = None
-        if traj.status == INFRA_ERROR:
+        if traj.status == Status.INFRA_ERROR:
             self._check_replica()
 
     def _check_replica(self) -> None:
@@ -360,13 +348,13 @@ class RolloutWorker:
         try:
             ray.get(self.proxy._engine.stats.remote(), timeout=10)
         except ray.exceptions.RayActorError:
-            ray.get(self.feed.remove_replica.remote(self.proxy.replica), timeout=self.cfg.trainer.actor_timeout_s)
+            ray.get(self.feed.remove_replica.remote(self.proxy.replica), timeout=self.cfg.runtime.actor_timeout_s)
         except ray.exceptions.GetTimeoutError:
             pass  # busy, not dead
 
     def run(self) -> dict:
         cfg = self.cfg
-        timeout = cfg.trainer.actor_timeout_s
+        timeout = cfg.runtime.actor_timeout_s
         episode_fn = episode_function(cfg.trainer.env)
         ctx = EpisodeContext(cfg=cfg, proxy=self.proxy, run_id=self.run_id, grade=True)
         store = TraceStore(cfg.run.dir)

@@ -1,6 +1,6 @@
-"""Checkpoints of `sao train`: written atomically, the newest `trainer.keep_checkpoints` kept.
+"""Checkpoints of `sao train`: written atomically, the newest `runtime.keep_checkpoints` kept.
 
-Two formats. One process (trainer.world_size = 1) writes the single-file format:
+Two formats. One process (runtime.world_size = 1) writes the single-file format:
 
     <run>/checkpoints/
         latest              one line: the name of the newest complete checkpoint (replaced atomically)
@@ -15,7 +15,7 @@ Two formats. One process (trainer.world_size = 1) writes the single-file format:
             state.json      step, policy version, counters, and the position in the trace stream: the
                             traj ids consumed so far, in order (trained, excluded or dropped)
 
-Data-parallel ranks (trainer.world_size > 1) write the sharded format (`save_sharded_checkpoint`,
+Data-parallel ranks (runtime.world_size > 1) write the sharded format (`save_sharded_checkpoint`,
 every rank calls; nothing is gathered whole):
 
         step-000003/

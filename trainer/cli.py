@@ -39,7 +39,8 @@ def cmd_train(args) -> int:
     if args.cfg.trainer.env == "swe":  # before torch loads and the first episode: usable tasks only
         args.cfg.tasks.instances = [t.instance_id for t in preflight(args.cfg, *tasks_from_config(args.cfg))]
     # lazy: keep `sao --help` fast (torch)
-    from trainer.loop import LoopError, train
+    from trainer.loop import train
+    from trainer.ray_utils import LoopError
 
     try:
         train(args.cfg, log=lambda msg: print(msg, flush=True))

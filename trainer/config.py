@@ -1,21 +1,24 @@
-"""Config section for the trainer: every switch of the algorithm (docs/algorithm.md).
+"""Config sections of the trainer: `trainer` (the algorithm, docs/algorithm.md), `runtime` (where and how
+`sao train` runs it), `value_pretrain`, `sft`.
 
 Defaults follow docs/algorithm.md; the tag says where a default comes from ([paper] or [choice]).
+The sampling distribution the trainer recomputes logprobs under is the rollout's, `sampling.*`.
 """
 from __future__ import annotations
 
 import warnings
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from core.config import Section
+from harness.runner import check_env
 
 
 class TrainerConfig(Section):
     """`sao train`: the loop, the advantage estimator, the policy loss, the critic and the optimisers."""
 
-    # loop (used by the training loop, build step 7)
+    # the training loop (trainer.loop)
     mode: Literal["async", "sync"] = Field("async", description="async: SAO single rollouts; sync: a group "
                                            "barrier per task (GRPO)")
     batch_size: int = Field(128, gt=0, description="trajectories per policy step [paper]")
@@ -75,15 +78,6 @@ class TrainerConfig(Section):
                              "contiguous slice of the batch's trajectories (1 with ppo_epochs=1: one step, "
                              "ratio 1, the clip never binds)")
 
-    # The sampling distribution the trainer recomputes logprobs under. Left unset in a run config, they are
-    # copied from `sampling.*` (harness.config); set to other values, it is a config error (r_t != 1 on-policy).
-    temperature: float = Field(1.0, gt=0, description="temperature the trainer recomputes logprobs under "
-                               "(unset: sampling.temperature; must equal it)")
-    top_k: int = Field(0, ge=0, description="top-k the trainer recomputes logprobs under (unset: sampling.top_k; "
-                       "0 = off)")
-    top_p: float = Field(1.0, gt=0, le=1, description="top-p the trainer recomputes logprobs under (unset: "
-                         "sampling.top_p; 1 = off)")
-
     # critic
     critic_steps: int = Field(2, ge=0, description="K critic optimizer steps per policy step [paper]")
     critic_freeze: Literal["none", "attention"] = Field("attention", description="attention: the critic's "
@@ -119,58 +113,16 @@ class TrainerConfig(Section):
     checkpoint_above_tokens: int | None = Field(8192, gt=0, description="activation checkpointing per decoder "
                                                 "layer in a forward whose micro-batch holds more tokens than "
                                                 "this (null = off; gradient_checkpointing=true: always on)")
-    offload_optimizer: bool = Field(False, description="trainer.world_size > 1: keep the fp32 master shards, "
-                                    "their gradients and the AdamW states in CPU memory (FSDP2 CPUOffloadPolicy; "
-                                    "the optimizer steps on the CPU)")
-    device: str = Field("cpu", description="torch device of the policy and critic master weights and of "
-                        "every training pass (\"cpu\", \"cuda\", \"cuda:1\", ...); forward passes run in "
-                        "model.dtype under autocast")
 
     # the loop (sao train)
-    env: Literal["swe", "simulated", "toy"] = Field("swe", description="swe: OpenHands episodes in Docker; "
-                                                    "simulated: a sleeping env (bench); toy: the toy env")
-    ray_address: str | None = Field(None, description="address of a Ray cluster; null = start a local Ray")
-    world_size: int = Field(1, gt=0, description="data-parallel trainer processes (FSDP2, trainer.distributed): "
-                            "gloo on CPU, NCCL on GPU; Ray places them over the cluster's nodes")
-    weight_sync: Literal["auto", "object_store", "collective"] = Field(
-        "auto", description="how published weights reach the engine replicas: object_store (a state dict through "
-        "Ray's object store), collective (a torch.distributed broadcast, trainer -> every replica: gloo on CPU, "
-        "NCCL on GPU); auto = collective for vllm, object_store otherwise")
-    weight_bucket_mb: float = Field(256.0, gt=0, description="collective: megabytes per broadcast bucket")
-    weight_sync_host: str | None = Field(None, description="collective: the trainer's address the replicas "
-                                         "connect to; null = the driver's Ray node address (127.0.0.1 locally)")
-    keep_checkpoints: int = Field(3, gt=0, description="checkpoints kept in `<run>/checkpoints`")
-    # waits of the loop: each one that runs out is an error naming what it waited for (no hangs)
-    poll_interval_s: float = Field(0.2, gt=0, description="seconds between the trainer's looks for new trace "
-                                   "shards")
-    batch_timeout_s: float = Field(1800.0, gt=0, description="seconds without a new trajectory while filling a "
-                                   "batch, then an error")
-    publish_timeout_s: float = Field(300.0, gt=0, description="seconds for the engine to apply a weight update, "
-                                     "then an error")
-    actor_timeout_s: float = Field(600.0, gt=0, description="seconds for other actor calls: starting and "
-                                   "stopping the engine and the workers")
-    # env=toy (trainer.toy, the learning test-bed): reward = fraction of turns starting with the named parity
-    toy_turns: int = Field(3, gt=0, description="toy env: turns per episode (the reward needs every one of them)")
-    toy_target: Literal["episode", "turn", "even"] = Field(
-        "episode", description="toy env: the parity the observations name: drawn once per episode, once per "
-        "turn, or always even")
-    toy_repeat: int = Field(8, gt=0, description="toy env: times each observation repeats the parity word")
-    toy_stakes: float = Field(0.0, ge=0, lt=1, description="toy env: per-episode stake named in the first "
-                              "message, low or high: the reward is scaled by 1 - toy_stakes or 1 + toy_stakes "
-                              "(0 = off)")
-    # env=simulated (tests, bench): real generations through the proxy, synthetic observations, sleeps
-    sim_turns_median: float = Field(4.0, gt=0, description="simulated env: turns per episode ~ "
-                                    "LogNormal(log(median), sigma), clipped to [1, sim_turns_max]")
-    sim_turns_sigma: float = Field(0.0, ge=0, description="simulated env: sigma of the turn count (0 = every "
-                                   "episode has sim_turns_median turns)")
-    sim_turns_max: int = Field(16, gt=0, description="simulated env: longest episode, in turns")
-    sim_env_sleep_s: float = Field(0.02, ge=0, description="simulated env: the environment's seconds per turn "
-                                   '(the "tool execution")')
-    sim_infra_error_rate: float = Field(0.0, ge=0, le=1, description="simulated env: fraction of episodes that "
-                                        "end as an injected infra_error")
-    sim_engine_s: float | None = Field(None, gt=0, description="simulated env: null = the configured engine "
-                                       "generates; a number = a stand-in engine that sleeps this many seconds "
-                                       "per turn (bench: the pipeline, not the model)")
+    env: str = Field("swe", description="the episode function (harness.runner.EPISODES): swe = OpenHands episodes "
+                     "in Docker; the test-beds (harness.testbeds): simulated = real generations and sleeps (tests, "
+                     "bench; testbed.simulated.*), toy = the learning test-bed (testbed.toy.*)")
+
+    @field_validator("env")
+    @classmethod
+    def _registered_env(cls, v: str) -> str:
+        return check_env(v)  # ValueError listing the known envs
 
     @model_validator(mode="before")
     @classmethod
@@ -208,6 +160,38 @@ class TrainerConfig(Section):
         if self.running_mean_window is not None:
             return self.running_mean_window
         return 8 if self.running_mean_scope == "task" else 128
+
+
+class RuntimeConfig(Section):
+    """`sao train`'s processes: Ray, the trainer ranks and their device, how weights reach the engine, the waits
+    of the loop, the checkpoints kept."""
+
+    ray_address: str | None = Field(None, description="address of a Ray cluster; null = start a local Ray")
+    world_size: int = Field(1, gt=0, description="data-parallel trainer processes (FSDP2, trainer.distributed): "
+                            "gloo on CPU, NCCL on GPU; Ray places them over the cluster's nodes")
+    device: str = Field("cpu", description="torch device of the policy and critic master weights and of "
+                        "every training pass (\"cpu\", \"cuda\", \"cuda:1\", ...); forward passes run in "
+                        "model.dtype under autocast")
+    offload_optimizer: bool = Field(False, description="world_size > 1: keep the fp32 master shards, their "
+                                    "gradients and the AdamW states in CPU memory (FSDP2 CPUOffloadPolicy; the "
+                                    "optimizer steps on the CPU)")
+    weight_sync: Literal["auto", "object_store", "collective"] = Field(
+        "auto", description="how published weights reach the engine replicas: object_store (a state dict through "
+        "Ray's object store), collective (a torch.distributed broadcast, trainer -> every replica: gloo on CPU, "
+        "NCCL on GPU); auto = collective for vllm, object_store otherwise")
+    weight_bucket_mb: float = Field(256.0, gt=0, description="collective: megabytes per broadcast bucket")
+    weight_sync_host: str | None = Field(None, description="collective: the trainer's address the replicas "
+                                         "connect to; null = the driver's Ray node address (127.0.0.1 locally)")
+    keep_checkpoints: int = Field(3, gt=0, description="checkpoints kept in `<run>/checkpoints`")
+    # waits of the loop: each one that runs out is an error naming what it waited for (no hangs)
+    poll_interval_s: float = Field(0.2, gt=0, description="seconds between the trainer's looks for new trace "
+                                   "shards")
+    batch_timeout_s: float = Field(1800.0, gt=0, description="seconds without a new trajectory while filling a "
+                                   "batch, then an error")
+    publish_timeout_s: float = Field(300.0, gt=0, description="seconds for the engine to apply a weight update, "
+                                     "then an error")
+    actor_timeout_s: float = Field(600.0, gt=0, description="seconds for other actor calls: starting and "
+                                   "stopping the engine and the workers")
 
 
 class ValuePretrainConfig(Section):

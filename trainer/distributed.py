@@ -1,4 +1,4 @@
-"""Data-parallel SAO on torch.distributed FSDP2: `trainer.world_size` processes, one update.
+"""Data-parallel SAO on torch.distributed FSDP2: `runtime.world_size` processes, one update.
 
     every rank   gets the whole batch, selects as SAOTrainer does, trains on its part: near-equal
                  token counts by greedy balancing (`split`; grpo: whole task groups, per-group advantages)
@@ -15,8 +15,12 @@ Build (`build_sharded`, what `sao train` ranks run): the policy and the critic o
 fully_shard per decoder layer + a root, each rank's shards read from the safetensors (trainer.sharded):
 no rank holds a whole model. Mixed precision: fp32 master shards and AdamW states, the all-gathered
 parameters in the model dtype, gradients reduced in fp32 (the value head all in fp32); optionally
-the masters and AdamW on the CPU (`trainer.offload_optimizer`). Checkpoints: every rank writes its
+the masters and AdamW on the CPU (`runtime.offload_optimizer`). Checkpoints: every rank writes its
 shards (trainer.checkpoint.save_sharded_checkpoint).
+
+The warm-start stages run on the same path with world_size > 1 (local `spawn` processes):
+`sao sft` (trainer.sft_dist: build_sharded_policy) and `sao value-pretrain` (trainer.value_pretrain:
+build_sharded_critic, critic/ streamed by write_critic).
 
 Process group: gloo on CPU, NCCL on GPU, a TCP store at `address` (127.0.0.1 locally, the driver's
 node address on a cluster). Ranks start as Ray actors (`start_ranks`) or processes (`spawn`).
@@ -24,23 +28,29 @@ An update with fewer usable trajectories (grpo: task groups) than ranks is skipp
 """
 from __future__ import annotations
 
+import json
 import pickle
 import socket
+import struct
+import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from harness.trace import Trajectory
+from core.errors import UserError
+from harness.config import SamplingConfig
+from harness.trace import TRUNCATED, Status, Trajectory
 from trainer import sharded
 from trainer.checkpoint import POLICY_MASTER, is_sharded, read_state, restore_optimizers, save_sharded_checkpoint
 from trainer.config import TrainerConfig
-from trainer.models import Critic, load_critic
+from trainer.critic_init import freeze_critic, initial_critic
+from trainer.models import CRITIC_WEIGHTS, Critic, load_critic
 from trainer.precision import autocast
 from trainer.sao import SAOTrainer
-from trainer.value_pretrain import freeze_critic, initial_critic
 
 SUMMED = ("value_loss", "value_loss_last_step", "trajectories", "micro_batches", "action_tokens", "tokens")
 TOKEN_MEANS = ("policy_loss", "entropy", "logp_abs_diff_mean", "adv_raw_mean", "adv_mean", "value_mean",
@@ -98,13 +108,16 @@ class DataParallel:
         std = (self.sum(((vals - mean) ** 2).sum().item()) / n) ** 0.5
         return torch.where(mask, (advantages.float() - mean) / (std + eps), 0.0)
 
-    def balance(self, trainer: SAOTrainer, module: nn.Module, passes: int, backward: bool = False) -> None:
-        """Zero-loss passes of `module` until this rank ran as many as the ranks' most."""
-        ids = torch.full((1, 2), trainer.pad_token_id, dtype=torch.long, device=trainer.device)
+    def zero_passes(self, module: nn.Module, count: int, pad_token_id: int, device: torch.device,
+                    dtype: torch.dtype, backward: bool = False) -> None:
+        """`count` zero-loss passes of `module` (a Critic, or a causal LM's LogprobView) on a 2-token input:
+        what a rank runs after its own passes to reach the ranks' most. Ask `max` for that most before
+        any pass: a rank still in its own passes waits in FSDP's all-gather, not in an all_reduce."""
+        ids = torch.full((1, 2), pad_token_id, dtype=torch.long, device=device)
         mask = torch.ones_like(ids, dtype=torch.bool)
-        for _ in range(self.max(passes) - passes):
-            with torch.set_grad_enabled(backward), autocast(trainer.device, trainer.dtype):
-                if module is trainer.critic:
+        for _ in range(count):
+            with torch.set_grad_enabled(backward), autocast(device, dtype):
+                if isinstance(module, Critic):
                     out = module(ids, mask)
                 else:
                     hidden = module.base_model(input_ids=ids, attention_mask=mask.long()).last_hidden_state
@@ -195,7 +208,7 @@ def _shard_critic(critic: nn.Module, mesh, dtype: torch.dtype, offload: bool = F
 
 def _check_world(cfg: TrainerConfig) -> None:
     if cfg.minibatches > 1:
-        raise ValueError("trainer.world_size > 1 needs trainer.minibatches = 1 (a minibatch would be a slice "
+        raise ValueError("runtime.world_size > 1 needs trainer.minibatches = 1 (a minibatch would be a slice "
                          "of each rank's part, not of the global batch)")
 
 
@@ -236,9 +249,10 @@ def _critic_weights(cfg: TrainerConfig, model_path: str, ckpt, critic: nn.Module
 
 
 def build_sharded(cfg: TrainerConfig, model_path: str, dtype: str, dp: DataParallel, ckpt=None,
-                  seed: int = 0) -> SAOTrainer:
+                  seed: int = 0, sampling: SamplingConfig | None = None, offload: bool = False) -> SAOTrainer:
     """The SAOTrainer of one rank, sharded from the start, fresh from `model_path` or resumed from `ckpt`
-    (either checkpoint format, any world size):
+    (either checkpoint format, any world size); logprobs under `sampling`, the fp32 shards and AdamW on
+    the CPU with `offload` (runtime.offload_optimizer):
         meta build   policy = model_path's (or ckpt's policy/) architecture; critic = initial_critic(policy)
                      (resumed: the policy's, or the old format's critic/ architecture), frozen as
                      trainer.critic_freeze* says
@@ -264,8 +278,8 @@ def build_sharded(cfg: TrainerConfig, model_path: str, dtype: str, dp: DataParal
         for model in (lm, critic.backbone if critic is not None else None):
             if model is not None:
                 sharded.checkpoint_layers(model, above)
-    home = torch.device("cpu") if cfg.offload_optimizer else dp.device  # where the fp32 shards live
-    policy = _shard_policy(lm, dp.mesh, compute, cfg.offload_optimizer)
+    home = torch.device("cpu") if offload else dp.device  # where the fp32 shards live
+    policy = _shard_policy(lm, dp.mesh, compute, offload)
     sharded.materialize(policy, home, [lm])
     if ckpt is None:
         sharded.load_parameters(lm, sharded.SafetensorsSource(model_path, converters=sharded.conversions(lm)))
@@ -274,7 +288,7 @@ def build_sharded(cfg: TrainerConfig, model_path: str, dtype: str, dp: DataParal
         sharded.load_parameters(lm, sharded.SafetensorsSource(master) if master.is_file() else
                                 sharded.SafetensorsSource(ckpt / "policy", converters=sharded.conversions(lm)))
     if critic is not None:
-        _shard_critic(critic, dp.mesh, compute, cfg.offload_optimizer)
+        _shard_critic(critic, dp.mesh, compute, offload)
         sharded.materialize(critic, home, [critic.backbone])
         source, zero_head = _critic_weights(cfg, model_path, ckpt, critic, lm.base_model_prefix)
         if source is not None:
@@ -283,9 +297,9 @@ def build_sharded(cfg: TrainerConfig, model_path: str, dtype: str, dp: DataParal
             with torch.no_grad():
                 for p in critic.value_head.parameters():
                     p.zero_()
-    # SAOTrainer moves the modules to config.device and turns on checkpointing: both done here already
-    trainer = SAOTrainer(policy, critic, cfg.model_copy(update={"device": str(home), "gradient_checkpointing": False}),
-                         dtype=compute)
+    # SAOTrainer moves the modules to its device and turns on checkpointing: both done here already
+    trainer = SAOTrainer(policy, critic, cfg.model_copy(update={"gradient_checkpointing": False}), dtype=compute,
+                         sampling=sampling, device=home)
     trainer.config, trainer.device = cfg, dp.device
     _distributed(trainer, dp)
     if ckpt is not None:
@@ -307,21 +321,120 @@ def split(kept: list[Trajectory], world_size: int, by_task: bool = False) -> lis
     units: dict[str, list[int]] = {}
     for i, t in enumerate(kept):
         units.setdefault(t.task_id if by_task else str(i), []).append(i)
-    groups = sorted(units.values(), key=lambda g: -sum(kept[i].num_tokens for i in g))  # stable
+    groups = list(units.values())
+    parts = token_parts([sum(kept[i].num_tokens for i in g) for g in groups], world_size)
+    return [[kept[i] for i in sorted(i for u in part for i in groups[u])] for part in parts]
+
+
+def token_parts(tokens: list[int], world_size: int) -> list[list[int]]:
+    """The indices of `tokens` (each unit's token count) in `world_size` parts of near-equal sums, as
+    `split` balances them: longest first (ties: index order), each to the part with the fewest tokens
+    so far (ties: fewer units, then the lower rank); each part sorted."""
     owned: list[list[int]] = [[] for _ in range(world_size)]
-    tokens, count = [0] * world_size, [0] * world_size
-    for g in groups:
-        r = min(range(world_size), key=lambda r: (tokens[r], count[r], r))
-        owned[r] += g
-        tokens[r] += sum(kept[i].num_tokens for i in g)
+    sums, count = [0] * world_size, [0] * world_size
+    for u in sorted(range(len(tokens)), key=lambda u: -tokens[u]):  # stable
+        r = min(range(world_size), key=lambda r: (sums[r], count[r], r))
+        owned[r].append(u)
+        sums[r] += tokens[u]
         count[r] += 1
-    return [[kept[i] for i in sorted(part)] for part in owned]
+    return [sorted(part) for part in owned]
 
 
 def full_state_dict(module: nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
     """The sharded module's full state dict on CPU, on rank 0 ({} elsewhere); every rank must call."""
     sd = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k.removeprefix(prefix): v for k, v in sd.items()}
+
+
+# --- the warm-start stages on the same ranks (`sao sft`, `sao value-pretrain`) --------------------
+
+def rank_devices(device: str, world_size: int, key: str) -> list[str]:
+    """The device of each local rank (`spawn`): "cpu" for every rank, or for "cuda" rank r on its own GPU
+    "cuda:r". Another device (e.g. "cuda:1") is a UserError naming `key`."""
+    if device == "cpu":
+        return ["cpu"] * world_size
+    if device != "cuda":
+        raise UserError(f"{key}={device!r}: with world_size {world_size} name the kind, 'cpu' or 'cuda' "
+                        "(rank r runs on cuda:r)")
+    if torch.cuda.device_count() < world_size:
+        raise UserError(f"{key}='cuda' with world_size {world_size} needs {world_size} GPUs, "
+                        f"{torch.cuda.device_count()} visible")
+    return [f"cuda:{r}" for r in range(world_size)]
+
+
+def _checkpointing(model: nn.Module, always: bool, above: int | None) -> None:
+    """Activation checkpointing per decoder layer as build_sharded sets it: always, in a forward of more
+    than `above` tokens, or (neither) off."""
+    if always or above is not None:
+        sharded.checkpoint_layers(model, None if always else above)
+
+
+def build_sharded_policy(model_path: str, dtype: str, dp: DataParallel, *, always_checkpoint: bool = False,
+                         checkpoint_above: int | None = None, offload: bool = False) -> LogprobView:
+    """`model_path`'s causal LM on this rank, sharded from the start as build_sharded's fresh policy: the
+    meta build, fully_shard per decoder layer + root (fp32 master shards, all-gathered in `dtype`), this
+    rank's shards read from the safetensors (on the CPU with `offload`)."""
+    lm = sharded.meta_causal_lm(model_path)
+    _checkpointing(lm, always_checkpoint, checkpoint_above)
+    view = _shard_policy(lm, dp.mesh, getattr(torch, dtype), offload)
+    sharded.materialize(view, torch.device("cpu") if offload else dp.device, [lm])
+    sharded.load_parameters(lm, sharded.SafetensorsSource(model_path, converters=sharded.conversions(lm)))
+    return view
+
+
+def build_sharded_critic(cfg: TrainerConfig, model_path: str, dtype: str, dp: DataParallel, *,
+                         offload: bool = False) -> Critic:
+    """`sao value-pretrain`'s critic on this rank, sharded from the start as build_sharded's fresh critic:
+    initial_critic of model_path's meta policy (its base model, value head at zero; never
+    trainer.value_pretrain_checkpoint), frozen as trainer.critic_freeze* says, checkpointed as
+    trainer.gradient_checkpointing / checkpoint_above_tokens say, this rank's shards read from
+    `model_path` (the file's "model." for the critic's "backbone.")."""
+    cfg = cfg.model_copy(update={"value_pretrain_checkpoint": None})
+    lm = sharded.meta_causal_lm(model_path)
+    critic = initial_critic(cfg, lm)
+    freeze_critic(critic, cfg)
+    _checkpointing(critic.backbone, cfg.gradient_checkpointing, cfg.checkpoint_above_tokens)
+    _shard_critic(critic, dp.mesh, getattr(torch, dtype), offload)
+    sharded.materialize(critic, torch.device("cpu") if offload else dp.device, [critic.backbone])
+    source, _ = _critic_weights(cfg, model_path, None, critic, lm.base_model_prefix)
+    sharded.load_parameters(critic, source, skip=("value_head.",))
+    with torch.no_grad():
+        for p in critic.value_head.parameters():
+            p.zero_()
+    return critic
+
+
+def write_critic(directory: str | Path, critic: Critic) -> None:
+    """models.save_critic's format (config.json + critic.safetensors: every weight under the module's
+    name, in its master dtype) of a sharded critic, streamed: the safetensors header first (the shapes
+    are known), then every tensor gathered (full_tensor: a collective, every rank calls) and appended by
+    rank 0, so no rank holds more than one full tensor."""
+    from torch.distributed.tensor import DTensor  # lazy: torch.distributed piece
+
+    directory = Path(directory)
+    tensors = list(critic.state_dict(keep_vars=True).items())
+    header, offset = {}, 0
+    for name, t in tensors:
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": sharded.SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header | {"__metadata__": {"format": "pt"}}, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    out = None
+    if sharded.rank() == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        critic.backbone.config.save_pretrained(directory)
+        out = open(directory / CRITIC_WEIGHTS, "wb")  # noqa: SIM115 - closed below, after every tensor
+        out.write(struct.pack("<Q", len(blob)) + blob)
+    try:
+        for _, t in tensors:
+            full = t.detach().full_tensor() if isinstance(t, DTensor) else t.detach()
+            if out is not None:
+                out.write(full.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    finally:
+        if out is not None:
+            out.close()
 
 
 # --- one rank, and how ranks start --------------------------------------------------------------
@@ -345,7 +458,7 @@ class RankTrainer:
         mine = parts[self.dp.rank] if all(parts) else []  # too few to go round: skipped on every rank
         metrics = trainer.update(mine)
         n_in = len(trajectories)
-        infra = sum(t.status == "infra_error" for t in trajectories)
+        infra = sum(t.status == Status.INFRA_ERROR for t in trajectories)
         metrics.update({"rollout/trajectories_in": float(n_in), "rollout/excluded_unrewarded": float(unrewarded),
                         "rollout/dropped_stale": float(stale), "rollout/infra_failure_rate": infra / max(n_in, 1),
                         "rollout/break_frac": broken / max(n_in, 1)})
@@ -355,7 +468,7 @@ class RankTrainer:
         metrics.update({"rollout/reward_mean": rewards.mean().item(),
                         "rollout/reward_std": rewards.std(unbiased=False).item(),
                         "rollout/turns_mean": sum(t.turns for t in kept) / len(kept),
-                        "rollout/truncation_rate": sum(t.status.startswith("truncated") for t in kept) / len(kept)})
+                        "rollout/truncation_rate": sum(t.status in TRUNCATED for t in kept) / len(kept)})
 
         def name(key: str) -> str:  # "loss/value_loss" and "value_loss" alike
             return key.rsplit("/", 1)[-1]
@@ -394,12 +507,6 @@ class RankTrainer:
 
     def close(self) -> None:
         self.dp.close()
-
-
-def build_from_config(cfg, ckpt, dp: DataParallel) -> SAOTrainer:
-    """The `build` of a `sao train` rank (functools.partial(build_from_config, cfg, ckpt)): `build_sharded`
-    from the run config, fresh or from `ckpt`."""
-    return build_sharded(cfg.trainer, cfg.model.path, cfg.model.dtype, dp, ckpt, seed=cfg.run.seed)
 
 
 def start_ranks(world_size: int, build, device: str = "cpu", host: str = "127.0.0.1", num_gpus: float = 0):
@@ -441,6 +548,12 @@ def spawn(world_size: int, target, *args, timeout_s: float = 300.0) -> list:
     out: dict = {}
     try:
         while len(out) < world_size:  # a failed rank ends the run at once: the others would wait in a collective
+            if results.empty():  # a rank killed (OOM, a signal) reports nothing: ask the processes
+                dead = [r for r, p in enumerate(procs) if r not in out and not p.is_alive()]
+                if dead and results.empty():  # what a rank put before it exited is in the pipe by now
+                    raise RuntimeError(f"rank {dead[0]} died (exit code {procs[dead[0]].exitcode}) without a result")
+                time.sleep(0.05)
+                continue
             rank, value = results.get()
             value = pickle.loads(value)
             if isinstance(value, BaseException):

@@ -12,12 +12,12 @@ Parameters of a Qwen3 / Qwen3-MoE / Llama decoder (``param_counts``), from the s
     policy    = V H (embeddings) + sum of layers + H (final norm) + V H (LM head, unless tied)
     critic    = policy - LM head + H + 1 (value head); critic_freeze=attention freezes attention [+ norms,
                 router, embeddings]
-Trainer, per GPU (FSDP2 over W = trainer.world_size ranks, mixed precision: compute in the model dtype
+Trainer, per GPU (FSDP2 over W = runtime.world_size ranks, mixed precision: compute in the model dtype
 of b bytes, fp32 master weights, fp32 gradient reduction):
     params     = 4 (P_trained + P_frozen) / W              fp32 master shards (policy + critic)
     grads      = 4 P_trained / W                           fp32 gradient shards
     optimizer  = 8 P_trained / W                           AdamW: exp_avg + exp_avg_sq, fp32
-                 trainer.offload_optimizer (FSDP2 CPUOffloadPolicy): these three live in host memory
+                 runtime.offload_optimizer (FSDP2 CPUOffloadPolicy): these three live in host memory
     gathered   = 2 b (root + 2 layer)                      unsharded weights + their gradients in dtype b: the
                  root (embeddings, final norm, head: held for the whole pass) and two decoder layers (one
                  computing, one prefetched)
@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from harness.engines.registry import engine_spec, replica_gpus
 
 GiB = 2 ** 30
 TRAINER_MEMORY_FRACTION = 0.9  # the rest: CUDA context, NCCL buffers, allocator fragmentation
@@ -216,7 +218,7 @@ class GPUPlan:
                f"{self.critic_trained / 1e9:.2f} B trained + {self.critic_frozen / 1e9:.2f} B frozen"]
         if self.trainer_ranks and self.trainer is not None:
             m = self.trainer
-            out.append(f"trainer: {self.trainer_ranks} ranks (trainer.world_size) on node(s) "
+            out.append(f"trainer: {self.trainer_ranks} ranks (runtime.world_size) on node(s) "
                        f"{_nodes(self.trainer_nodes)}; {self.tokens} tokens per micro-batch, activation "
                        f"checkpointing {'on' if self.checkpointing else 'off'}, optimizer offload "
                        f"{'on' if self.offload else 'off'}")
@@ -226,7 +228,7 @@ class GPUPlan:
                        f"= params {g(m.params)} + grads {g(m.grads)} + optimizer {g(m.optimizer)} + gathered "
                        f"{g(m.gathered)} + activations {g(m.activations)}{host}")
         else:
-            out.append("trainer: not on GPUs (trainer.device)")
+            out.append("trainer: not on GPUs (runtime.device)")
         if self.gpus_per_replica:
             sequences = self.engine_kv / max(self.kv_per_token * self.context, 1.0)
             out.append(f"engine: {self.replicas} replica(s) (engine.replicas) x {self.gpus_per_replica} GPUs, "
@@ -298,25 +300,24 @@ def plan(cfg) -> GPUPlan | None:
         return None
     shapes, source = model_shapes(cfg.model)
     counts = param_counts(shapes)
-    t, e = cfg.trainer, cfg.engine
+    t, rt, e = cfg.trainer, cfg.runtime, cfg.engine
     b = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.model.dtype]
     critic = (critic_params(counts, shapes, t.critic_freeze, t.critic_freeze_norms, t.critic_freeze_router,
                             t.critic_freeze_embeddings) if t.advantage == "gae" else (0, 0))
     context = context_budget(cfg).tokens
     tokens = max(t.max_tokens_per_microbatch, context)  # a longer trajectory is a micro-batch of its own
-    above, offload = t.checkpoint_above_tokens, t.offload_optimizer
+    above, offload = t.checkpoint_above_tokens, rt.offload_optimizer
     checkpointing = t.gradient_checkpointing or (above is not None and tokens > above)
-    ranks = t.world_size if t.device.startswith("cuda") else 0
-    per_replica = math.ceil(e.gpus_per_replica if e.gpus_per_replica is not None
-                            else (e.tensor_parallel_size if e.kind == "vllm" else 0))
+    ranks = rt.world_size if rt.device.startswith("cuda") else 0
+    per_replica = math.ceil(replica_gpus(e))
     free = [c.gpus_per_node] * c.nodes
     available = c.nodes * c.gpus_per_node
-    need = f"{ranks} trainer GPUs (trainer.world_size) + {e.replicas} x {per_replica} engine GPUs (engine.replicas)"
+    need = f"{ranks} trainer GPUs (runtime.world_size) + {e.replicas} x {per_replica} engine GPUs (engine.replicas)"
     trainer_nodes = []
     for _ in range(ranks):  # ranks fill nodes in order
         node = next((i for i, f in enumerate(free) if f), None)
         if node is None:
-            raise ValueError(f"trainer.world_size: {need} do not fit cluster.nodes x cluster.gpus_per_node = "
+            raise ValueError(f"runtime.world_size: {need} do not fit cluster.nodes x cluster.gpus_per_node = "
                              f"{c.nodes} x {c.gpus_per_node} = {available} GPUs")
         free[node] -= 1
         trainer_nodes.append(node)
@@ -339,7 +340,7 @@ def plan(cfg) -> GPUPlan | None:
         p.trainer = m
         limit = TRAINER_MEMORY_FRACTION * c.gpu_memory_bytes
         if m.total > limit:
-            raise ValueError(f"trainer.world_size: the trainer needs an estimated {m.total / GiB:.1f} GiB per GPU "
+            raise ValueError(f"runtime.world_size: the trainer needs an estimated {m.total / GiB:.1f} GiB per GPU "
                              f"(params {m.params / GiB:.1f} + grads {m.grads / GiB:.1f} + optimizer "
                              f"{m.optimizer / GiB:.1f} + gathered {m.gathered / GiB:.1f} + activations "
                              f"{m.activations / GiB:.1f} at {tokens} tokens, checkpointing "
@@ -350,7 +351,7 @@ def plan(cfg) -> GPUPlan | None:
         if c.host_memory_bytes is not None and host_per_node > c.host_memory_bytes:
             raise ValueError(f"cluster.host_memory_bytes: the offloaded optimizer needs {host_per_node / GiB:.1f} GiB "
                              f"of host memory per node > {c.host_memory_bytes / GiB:.1f} GiB")
-    if per_replica and e.kind == "vllm":
+    if per_replica and engine_spec(e.kind).gpu_kv_cache:
         tp = e.tensor_parallel_size
         kv_b = 1 if str(e.vllm_args.get("kv_cache_dtype", "auto")).startswith("fp8") else b
         p.engine_weights = p.policy_params * b / tp

@@ -9,7 +9,7 @@
                  trace store (the queue, trainer.queue)  RolloutWorker x rollout.workers (WorkerPool):
       update  =  SAOTrainer.update(batch): K critic steps    task -> episode -> trace store, at once
                  + one policy step
-      publish =  version + 1 to every replica (trainer.weight_sync: object store or a collective)
+      publish =  version + 1 to every replica (runtime.weight_sync: object store or a collective)
       metrics, progress line; checkpoint every save_every steps
 
 - The queue is the trace store (`trainer.queue`): consumed = trained, or excluded and counted (an
@@ -23,14 +23,18 @@
 - Resume: `sao train` on a run directory with a checkpoint continues from it. The checkpoint holds
   the ids consumed so far; trajectories consumed after it are consumed again (the weights roll back
   with them), and nothing in the store is ever deleted.
-- No hangs: every wait has a timeout (`trainer.*_timeout_s`) and a message saying what it waited for;
+- No hangs: every wait has a timeout (`runtime.*_timeout_s`) and a message saying what it waited for;
   a rollout worker or an engine replica that dies is reported and replaced (`LoopError` after too
   many deaths); a publish that does not reach every replica, or episodes that all end in infra
   errors, end the run with a `LoopError` saying so.
 - Replicas and staleness: a step ends when every replica serves the new version, so the replicas
   are never more than one version apart and the staleness bound holds across them.
-- `trainer.world_size > 1`: the update, publish and checkpoint run on that many FSDP2 rank actors
+- `runtime.world_size > 1`: the update, publish and checkpoint run on that many FSDP2 rank actors
   (trainer.ranks, trainer.distributed) instead of in this process; rank 0 answers.
+- Config: `train(cfg)` is the CLI's entry and takes the whole run config; below it a function takes
+  the sections it reads (`trainer`, `runtime`, `sampling`, ...). The whole config goes on only to the
+  Ray actors that run harness code: the engine replicas (engine + proxy) and the rollout workers
+  (the episode functions of harness.runner read it).
 - One `sao train` per run directory at a time (a lock file; the OS releases it when the process dies).
 """
 from __future__ import annotations
@@ -47,11 +51,13 @@ import torch
 from core.errors import UserError
 from core.runlock import lock_file
 from envs.gc import run_scope
+from harness.config import SamplingConfig
 from harness.proxy import check_loopback
 from harness.rollout import prepare_images
 from harness.runner import episode_function
 from harness.store import TraceStore
 from harness.tiny_model import resolve_model_path
+from harness.trace import INFRA_ERRORS
 from tasks.loaders import tasks_from_config
 from trainer.actors import TaskFeed
 from trainer.checkpoint import (
@@ -63,32 +69,30 @@ from trainer.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from trainer.config import RuntimeConfig, TrainerConfig
+from trainer.critic_init import initial_critic
 from trainer.metrics import MetricsLogger, progress_line
 from trainer.models import Critic, load_critic
 from trainer.queue import Counters, Entry, TraceQueue
 from trainer.ranks import Ranks, publish_weights
-from trainer.ray_utils import LoopError, get, start_ray
+from trainer.ray_utils import get, start_ray
 from trainer.sao import SAOTrainer
 from trainer.sharded import checkpoint_layers
-from trainer.value_pretrain import initial_critic
 from trainer.weight_sync import make_weight_sync
 from trainer.workers import EngineReplicas, WorkerPool
-
-__all__ = ["LoopError", "build_trainer", "start_ray", "train"]
-
 
 # --- setup ------------------------------------------------------------------------------------------
 
 
-def build_trainer(cfg, model_path: str, ckpt: Path | None):
-    """(policy, critic, SAOTrainer, tokenizer) of one process, fresh from `model_path` (the critic:
-    value_pretrain.initial_critic) or restored from `ckpt` (either checkpoint format: a sharded one's
-    fp32 masters come from its dcp/, see checkpoint.restore_optimizers)."""
+def build_trainer(tc: TrainerConfig, sampling: SamplingConfig, device: str, model_path: str, dtype: str,
+                  ckpt: Path | None):
+    """(policy, critic, SAOTrainer, tokenizer) of one process on `device`, in model `dtype`, fresh from
+    `model_path` (the critic: critic_init.initial_critic) or restored from `ckpt` (either checkpoint
+    format: a sharded one's fp32 masters come from its dcp/, see checkpoint.restore_optimizers)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: heavy
 
-    tc = cfg.trainer
     src = str(ckpt / "policy") if ckpt else model_path
-    policy = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, cfg.model.dtype))
+    policy = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype))
     tokenizer = AutoTokenizer.from_pretrained(src)
     critic = None
     if tc.advantage == "gae":
@@ -102,7 +106,7 @@ def build_trainer(cfg, model_path: str, ckpt: Path | None):
         for model in (policy, critic.backbone if critic is not None else None):
             if model is not None:
                 checkpoint_layers(model, tc.checkpoint_above_tokens)
-    trainer = SAOTrainer(policy, critic, tc)
+    trainer = SAOTrainer(policy, critic, tc, sampling=sampling, device=device)
     if ckpt:
         state = read_state(ckpt)
         restore_optimizers(ckpt, trainer)
@@ -113,8 +117,7 @@ def build_trainer(cfg, model_path: str, ckpt: Path | None):
     return policy, critic, trainer, tokenizer
 
 
-def _check(cfg) -> None:
-    tc = cfg.trainer
+def _check(tc: TrainerConfig, rt: RuntimeConfig) -> None:
     episode_function(tc.env)  # a UserError for an env nothing registered
     if tc.mode == "sync" and tc.batch_size % tc.group_size:
         raise UserError(f"trainer.mode=sync: trainer.batch_size ({tc.batch_size}) must be a multiple of "
@@ -122,8 +125,8 @@ def _check(cfg) -> None:
     if tc.mode == "async" and tc.advantage == "grpo":
         raise UserError("trainer.advantage=grpo needs groups of rollouts per task: use trainer.mode=sync "
                         "(async SAO runs single rollouts; use advantage=gae or running_mean)")
-    if tc.world_size > 1 and tc.minibatches > 1:
-        raise UserError(f"trainer.world_size={tc.world_size} needs trainer.minibatches=1 (a minibatch would be "
+    if rt.world_size > 1 and tc.minibatches > 1:
+        raise UserError(f"runtime.world_size={rt.world_size} needs trainer.minibatches=1 (a minibatch would be "
                         "a slice of each rank's part, not of the global batch)")
 
 
@@ -161,18 +164,18 @@ def _runnable_tasks(cfg, log) -> list:
 def _start_actors(cfg, ckpt: Path | None, trainer, policy, tasks: list, session: str, feed_position: int,
                   counters: Counters, log):
     """The task feed and the engine replicas (serving the checkpoint's weights when resuming)."""
-    tc = cfg.trainer
+    tc, rt = cfg.trainer, cfg.runtime
     engine_cfg = cfg
     if ckpt:
         engine_cfg = cfg.model_copy(deep=True)
         engine_cfg.model.path = str(ckpt / "policy")
     feed = TaskFeed.remote(tasks, cfg.run.seed, tc.mode, tc.group_size, tc.batch_size // tc.group_size, session,
                            feed_position)
-    engines = EngineReplicas(cfg, engine_cfg, feed, make_weight_sync(cfg, log), session=session, counters=counters,
-                             log=log, weights=lambda: (trainer.policy_version,
-                                                       publish_weights(trainer, policy, cfg.model.dtype)))
+    weights = lambda: (trainer.policy_version, publish_weights(trainer, policy, cfg.model.dtype))
+    engines = EngineReplicas(engine_cfg, feed, make_weight_sync(rt, cfg.engine.kind, log), session=session,
+                             counters=counters, log=log, weights=weights)
     engines.start(trainer.policy_version)
-    simulated_engine = tc.env == "simulated" and tc.sim_engine_s is not None
+    simulated_engine = tc.env == "simulated" and cfg.testbed.simulated.engine_s is not None
     urls = ", ".join(f"{name} {info['url']}" for name, info in engines.infos.items())
     log(f"engine: {'sleep (simulated)' if simulated_engine else cfg.engine.kind} x {len(engines.infos)} "
         f"({urls}), policy version {trainer.policy_version}, weight sync {engines.sync.name}")
@@ -193,8 +196,8 @@ def _loop_metrics(entries: list[Entry], queue: TraceQueue, counters: Counters, t
         "rollout/queue_depth": float(sum(e.reward is not None for e in queue.pending.values())),
         "rollout/dropped_stale": float(step_counts.get("dropped_stale", 0)),
         "rollout/excluded_unrewarded": float(step_counts.get("excluded_unrewarded", 0)),
-        "rollout/infra_errors": float(step_counts.get("infra_errors", 0)),
-        "rollout/infra_failure_rate": step_counts.get("infra_errors", 0) / max(consumed_step, 1),
+        "rollout/infra_errors": float(step_counts.get(INFRA_ERRORS, 0)),
+        "rollout/infra_failure_rate": step_counts.get(INFRA_ERRORS, 0) / max(consumed_step, 1),
         "rollout/dropped_stale_total": float(counters.dropped_stale),
         "rollout/infra_errors_total": float(counters.infra_errors),
         "rollout/trained_total": float(counters.trained), "rollout/worker_deaths_total": float(counters.worker_deaths),
@@ -219,7 +222,7 @@ def train(cfg, *, update_fn=None, log=print) -> dict:
     from transformers.utils import logging as hf_logging  # lazy: heavy
 
     hf_logging.disable_progress_bar()
-    _check(cfg)
+    _check(cfg.trainer, cfg.runtime)
     cfg = _resolved(cfg)
     run_dir = cfg.run.dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -231,7 +234,7 @@ def train(cfg, *, update_fn=None, log=print) -> dict:
 
 
 def _train(cfg, update_fn, log) -> dict:
-    tc, run_dir = cfg.trainer, cfg.run.dir
+    tc, rt, run_dir = cfg.trainer, cfg.runtime, cfg.run.dir
     store = TraceStore(run_dir)
     store.clean_partial()
     clean_partial(run_dir)
@@ -246,8 +249,9 @@ def _train(cfg, update_fn, log) -> dict:
         return {"steps": step, "checkpoint": str(ckpt), "resumed": True, "nothing_to_do": True}
     torch.manual_seed(cfg.run.seed)
     policy = critic = trainer = tokenizer = None  # world_size > 1: the ranks (trainer.ranks) start with Ray
-    if tc.world_size == 1:
-        policy, critic, trainer, tokenizer = build_trainer(cfg, cfg.model.path, ckpt)
+    if rt.world_size == 1:
+        policy, critic, trainer, tokenizer = build_trainer(tc, cfg.sampling, rt.device, cfg.model.path,
+                                                           cfg.model.dtype, ckpt)
     if ckpt:
         restore_rng(ckpt)
         log(f"sao train: resuming {run_dir} from {ckpt.name} (step {step}, policy version {state['policy_version']}, "
@@ -264,11 +268,11 @@ def _train(cfg, update_fn, log) -> dict:
     summary: dict = {"run_dir": str(run_dir), "resumed": ckpt is not None, "start_step": step, "session": session,
                      "update_intervals": [], "steps": step}
     engines = feed = pool = scope = metrics_log = None
-    timeout = tc.actor_timeout_s
-    started_ray = start_ray(cfg, log)
+    timeout = rt.actor_timeout_s
+    started_ray = start_ray(rt.ray_address, log)
     try:
         if trainer is None:
-            trainer = Ranks(cfg, ckpt, log)
+            trainer = Ranks(tc, rt, cfg.sampling, cfg.model.path, cfg.model.dtype, cfg.run.seed, ckpt, log)
             tokenizer = trainer.tokenizer
         save = (trainer.save_checkpoint if isinstance(trainer, Ranks)
                 else functools.partial(save_checkpoint, policy=policy, critic=critic, trainer=trainer))
@@ -324,7 +328,7 @@ def _train(cfg, update_fn, log) -> dict:
             out_of_time = time.monotonic() - t_loop >= budget_s  # checked once: the step it is true is saved
             if step % tc.save_every == 0 or step == tc.max_steps or out_of_time:
                 feed_state = get(feed.state.remote(), timeout, "task feed state")
-                path = save(run_dir, step, tokenizer=tokenizer, keep=tc.keep_checkpoints, state={
+                path = save(run_dir, step, tokenizer=tokenizer, keep=rt.keep_checkpoints, state={
                                            "policy_version": trainer.policy_version, "updates": trainer.updates,
                                            "critic_optimizer_steps": trainer.critic_optimizer_steps,
                                            "policy_optimizer_steps": trainer.policy_optimizer_steps,

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from harness.store import TraceStore, read_shard
-from harness.trace import Trajectory
+from harness.trace import INFRA_ERRORS, Status, Trajectory
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Entry:
 
     traj_id: str
     shard: Path
-    status: str
+    status: Status
     reward: float | None
     min_version: int | None  # the policy version of its oldest token (None: no action token)
     round: str | None  # sync mode: the round it belongs to
@@ -63,8 +63,8 @@ class TraceQueue:
                     continue
                 meta = json.loads(row["metadata"] or "{}")
                 low = pc.min(table.column("policy_version")[i].values).as_py()
-                self.pending[tid] = Entry(tid, shard, row["status"], row["reward"], low, meta.get("round"),
-                                          meta.get("last_attempt", True), meta.get("infra_error"))
+                self.pending[tid] = Entry(tid, shard, Status(row["status"]), row["reward"], low, meta.get("round"),
+                                          meta.get("last_attempt", True), meta.get(Status.INFRA_ERROR))
                 new += 1
             self._seen.add(shard.name)
         return new
@@ -103,7 +103,7 @@ class Counters:
         self.step_counts[key] = self.step_counts.get(key, 0) + n
 
     def saved(self) -> dict:
-        return {k: getattr(self, k) for k in ("trained", "excluded_unrewarded", "infra_errors", "dropped_stale",
+        return {k: getattr(self, k) for k in ("trained", "excluded_unrewarded", INFRA_ERRORS, "dropped_stale",
                                                 "worker_deaths", "engine_deaths")}
 
 
@@ -115,8 +115,8 @@ def drop(queue: TraceQueue, counters: Counters, entries: list[Entry], why: str) 
             counters.count("dropped_stale")
         else:
             counters.count("excluded_unrewarded")
-            if e.status == "infra_error":
-                counters.count("infra_errors")
+            if e.status == Status.INFRA_ERROR:
+                counters.count(INFRA_ERRORS)
                 counters.infra_streak += 1
                 counters.last_infra_error = e.error
 

@@ -1,4 +1,4 @@
-"""The driver's side of data-parallel `sao train` (`trainer.world_size > 1`): the rank actors of
+"""The driver's side of data-parallel `sao train` (`runtime.world_size > 1`): the rank actors of
 trainer.distributed behind what the loop reads of a SAOTrainer.
 
     update(trajectories)     one ray.put, `update` on every rank, rank 0's metrics
@@ -7,8 +7,8 @@ trainer.distributed behind what the loop reads of a SAOTrainer.
     policy_version, updates, critic_optimizer_steps, policy_optimizer_steps: rank 0's `counters()`
 
 Rank 0 runs on the driver's node and serves the process group's TCP store there: at 127.0.0.1 on a
-local Ray, at the driver node's address on a cluster (`trainer.ray_address`). Every call waits at
-most `trainer.actor_timeout_s`.
+local Ray, at the driver node's address on a cluster (`runtime.ray_address`). Every call waits at
+most `runtime.actor_timeout_s`.
 """
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ import functools
 
 import ray
 
+from harness.config import SamplingConfig
 from trainer import distributed
+from trainer.config import RuntimeConfig, TrainerConfig
 from trainer.precision import engine_weights
 from trainer.ray_utils import get
 
@@ -27,21 +29,20 @@ def publish_weights(trainer, policy, dtype: str) -> dict:
 
 
 class Ranks:
-    """`trainer.world_size` RankTrainer actors, fresh or resumed from `ckpt`."""
+    """`rt.world_size` RankTrainer actors (`runtime`), each `distributed.build_sharded` from `model_path` (in
+    model `dtype`, seeded with `seed`), fresh or resumed from `ckpt`."""
 
-    def __init__(self, cfg, ckpt=None, log=print):
+    def __init__(self, tc: TrainerConfig, rt: RuntimeConfig, sampling: SamplingConfig, model_path: str, dtype: str,
+                 seed: int = 0, ckpt=None, log=print):
         from transformers import AutoTokenizer  # lazy: heavy
 
-        tc = cfg.trainer
-        self.world_size, self.timeout = tc.world_size, tc.actor_timeout_s
-        cuda = tc.device.startswith("cuda")
-        if cuda:  # one GPU per rank: each sees its own as "cuda"
-            cfg = cfg.model_copy(deep=True)
-            cfg.trainer.device = "cuda"
-        host = ray.util.get_node_ip_address() if tc.ray_address else "127.0.0.1"
-        self.tokenizer = AutoTokenizer.from_pretrained(str(ckpt / "policy") if ckpt else cfg.model.path)
-        build = functools.partial(distributed.build_from_config, cfg, ckpt)
-        self.actors = distributed.start_ranks(tc.world_size, build, "cuda" if cuda else "cpu", host,
+        self.world_size, self.timeout = rt.world_size, rt.actor_timeout_s
+        cuda = rt.device.startswith("cuda")  # one GPU per rank: each sees its own as "cuda"
+        host = ray.util.get_node_ip_address() if rt.ray_address else "127.0.0.1"
+        self.tokenizer = AutoTokenizer.from_pretrained(str(ckpt / "policy") if ckpt else model_path)
+        build = functools.partial(distributed.build_sharded, tc, model_path, dtype, ckpt=ckpt, seed=seed,
+                                  sampling=sampling, offload=rt.offload_optimizer)
+        self.actors = distributed.start_ranks(rt.world_size, build, "cuda" if cuda else "cpu", host,
                                               num_gpus=1 if cuda else 0)
         self._refresh(f"starting {self.world_size} trainer ranks")
         log(f"trainer: {self.world_size} FSDP2 ranks ({distributed.backend('cuda' if cuda else 'cpu')}, "

@@ -13,8 +13,8 @@ class LoopError(RuntimeError):
     """The loop cannot go on (a timeout, a dead engine, workers dying); the message says why."""
 
 
-def start_ray(cfg, log=print) -> bool:
-    """Connect to `trainer.ray_address`, or start a local Ray on 127.0.0.1 only; True if we started it.
+def start_ray(ray_address: str | None, log=print) -> bool:
+    """Connect to `ray_address` (runtime.ray_address), or start a local Ray on 127.0.0.1 only; True if we started it.
 
     A process that already called `ray.init` (tests, notebooks) keeps its session. Ray replaces a
     loopback node address by the host's outward one unless it is told this is not a cluster, so the
@@ -24,9 +24,9 @@ def start_ray(cfg, log=print) -> bool:
 
     if ray.is_initialized():
         return False
-    if cfg.trainer.ray_address:
-        log(f"ray: connecting to {cfg.trainer.ray_address}")
-        ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
+    if ray_address:
+        log(f"ray: connecting to {ray_address}")
+        ray.init(address=ray_address, log_to_driver=True)
         return True
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read by Ray's processes at import
     from ray._private import ray_constants  # lazy: heavy (part of ray)
@@ -38,7 +38,7 @@ def start_ray(cfg, log=print) -> bool:
     gcs = ray.get_runtime_context().gcs_address
     if not gcs.startswith("127.0.0.1:"):
         ray.shutdown()
-        raise LoopError(f"the local Ray came up on {gcs}, not on 127.0.0.1; set trainer.ray_address to a cluster")
+        raise LoopError(f"the local Ray came up on {gcs}, not on 127.0.0.1; set runtime.ray_address to a cluster")
     log(f"ray: local session on {gcs} ({time.monotonic() - t0:.1f}s)")
     return True
 

@@ -15,7 +15,7 @@ Value tokens: the positions whose V the advantages use, so every value used is t
 tokens (observation-skipping GAE), or every real token but the first (GAE through observations).
 
 Precision and device (trainer.precision): the policy and critic become fp32 master weights on
-`trainer.device`; every forward runs under autocast in the dtype the modules were loaded in (the
+`device` (runtime.device); every forward runs under autocast in the dtype the modules were loaded in (the
 model dtype), every pass in train mode so activation checkpointing is active.
 
 Micro-batches: whole trajectories packed end to end, at most `max_tokens_per_microbatch` real
@@ -47,7 +47,8 @@ import time
 import torch
 from torch import nn
 
-from harness.trace import Trajectory
+from harness.config import SamplingConfig
+from harness.trace import TRUNCATED, Status, Trajectory
 from trainer.batch import PackedRows, TrajectoryBatch, build_batch, micro_batches, minibatches, pack
 from trainer.config import TrainerConfig
 from trainer.losses import RunningMeanBaseline, explained_variance, value_loss, whiten_advantages
@@ -78,18 +79,21 @@ def _grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:
 class SAOTrainer:
     """Holds the policy, the critic, their optimizers and the counters; `update` is one SAO step.
 
-    The modules become fp32 master weights on `config.device` (in place); `dtype` is the compute dtype
-    of the forward passes, by default the dtype the policy was loaded in (the model dtype).
+    The modules become fp32 master weights on `device` (in place); `dtype` is the compute dtype of the
+    forward passes, by default the dtype the policy was loaded in (the model dtype). Logprobs are
+    recomputed under the rollout's `sampling` distribution (temperature, top_k, top_p).
     """
 
     def __init__(self, policy: nn.Module, critic: Critic | None, config: TrainerConfig, policy_version: int = 0,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, *, sampling: SamplingConfig | None = None,
+                 device: torch.device | str = "cpu"):
         if config.advantage == "gae" and critic is None:
             raise ValueError("critic: advantage='gae' needs a critic (pass Critic.from_policy(policy))")
         self.policy, self.critic, self.config = policy, critic, config
+        self.sampling = sampling or SamplingConfig()
         self.policy_version = policy_version
         self.dtype = dtype or model_dtype(policy)
-        self.device = torch.device(config.device)  # micro-batches move here; GAE and metrics stay on CPU
+        self.device = torch.device(device)  # micro-batches move here; GAE and metrics stay on CPU
         for module in (policy, critic):
             if module is not None:
                 to_master_weights(module).to(self.device)
@@ -125,9 +129,11 @@ class SAOTrainer:
         return x if self.dist is None else self.dist.sum(x)
 
     def _balance(self, module: nn.Module, passes: int, backward: bool = False) -> None:
-        """Data-parallel: zero-loss passes up to the ranks' most, so FSDP's collectives pair up."""
+        """Data-parallel: zero-loss passes up to the ranks' most (``self._most_passes``, asked before the
+        update's first pass), so FSDP's collectives pair up."""
         if self.dist is not None:
-            self.dist.balance(self, module, passes, backward)
+            self.dist.zero_passes(module, self._most_passes - passes, self.pad_token_id, self.device, self.dtype,
+                                  backward)
 
     def _select(self, trajectories: list[Trajectory]):
         """Drop (and count) the unrewarded, the too-stale and the broken (history breaks: see the module
@@ -184,10 +190,10 @@ class SAOTrainer:
                 "critic/lr": self.critic_optimizer.param_groups[0]["lr"]}
 
     def _logprobs(self, mb: PackedRows):
-        cfg = self.config
+        cfg, s = self.config, self.sampling
         with autocast(self.device, self.dtype):
-            return policy_token_logprobs(self.policy, mb.input_ids, None, mb.action_mask, cfg.temperature,
-                                         cfg.top_k, cfg.top_p, cfg.logprob_chunk, position_ids=mb.position_ids)
+            return policy_token_logprobs(self.policy, mb.input_ids, None, mb.action_mask, s.temperature,
+                                         s.top_k, s.top_p, cfg.logprob_chunk, position_ids=mb.position_ids)
 
     @torch.no_grad()
     def _pi_old(self, batch, groups) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,7 +280,7 @@ class SAOTrainer:
         metrics.update({
             "rollout/trajectories_in": float(n_in), "rollout/excluded_unrewarded": float(unrewarded),
             "rollout/dropped_stale": float(stale), "rollout/break_frac": broken / max(n_in, 1),
-            "rollout/infra_failure_rate": sum(t.status == "infra_error" for t in trajectories) / max(n_in, 1),
+            "rollout/infra_failure_rate": sum(t.status == Status.INFRA_ERROR for t in trajectories) / max(n_in, 1),
         })
         if not kept:
             return metrics | {"policy/skipped_update": 1.0, "policy/version": float(self.policy_version)}
@@ -284,6 +290,8 @@ class SAOTrainer:
 
         batch = build_batch(kept, self.pad_token_id)
         groups = micro_batches(batch, cfg.max_tokens_per_microbatch)
+        if self.dist is not None:  # before any pass: a rank in its own passes waits in FSDP's all-gather
+            self._most_passes = self.dist.max(len(groups))
         mask = batch.action_mask
         t0 = time.perf_counter()
         use_critic = cfg.advantage == "gae"
@@ -324,7 +332,7 @@ class SAOTrainer:
         t3 = time.perf_counter()
         self.updates += 1
 
-        truncated = sum(t.status.startswith("truncated") for t in kept)
+        truncated = sum(t.status in TRUNCATED for t in kept)
         metrics.update(_stats(advantages_raw, mask, "policy/adv_raw"))
         metrics.update(_stats(advantages, mask, "policy/adv"))
         tokens = float(batch.attention_mask.sum())

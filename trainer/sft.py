@@ -13,6 +13,15 @@
 Writes <run>/sft/: metrics.jsonl + tb/ (loss, grad_norm, learning_rate, mean_token_accuracy, ... per
 step) and summary.json; the model directory (model + tokenizer, config.json equal to the input
 model's) goes to sft.out_dir (default <run>/sft/model), replaced whole. `model.path=<that dir>` serves it.
+
+Which path trains:
+    runtime.world_size = 1   TRL's SFTTrainer in this process (build_trainer)
+    runtime.world_size > 1   the same loss on that many FSDP2 data-parallel ranks, the path `sao train`'s
+                             ranks run (trainer.sft_dist: the policy sharded from the start, the model
+                             directory streamed from the shards). Not there: TRL's example order, its padded
+                             sft.batch_size rows (micro-batches are packed by trainer.max_tokens_per_microbatch;
+                             sft.batch_size x sft.grad_accum examples still make a step), the token-accuracy
+                             metric, and the MoE load-balancing loss: sft.router_aux_loss_coef > 0 is a UserError.
 """
 from __future__ import annotations
 
@@ -25,7 +34,7 @@ from pathlib import Path
 from core.errors import UserError
 from core.files import atomic_dir
 from harness.tiny_model import resolve_model_path
-from harness.trace import Trajectory
+from harness.trace import Status, Trajectory
 from trainer.config import SFTConfig
 from trainer.corpus import Corpus, read_corpus
 from trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
@@ -33,7 +42,7 @@ from trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
 OUT_DIR = "sft"
 MODEL_DIR = "model"
 SELECTS = {
-    "resolved": lambda t: t.status == "ok" and t.reward == 1.0,
+    "resolved": lambda t: t.status == Status.OK and t.reward == 1.0,
     "positive": lambda t: t.reward is not None and t.reward > 0,
     "all": lambda t: True,
 }
@@ -94,30 +103,50 @@ SFT_METRICS = {"loss": "loss/sft_loss", "grad_norm": "policy/grad_norm", "learni
                "num_tokens": "rollout/tokens", "epoch": "time/epoch"}
 
 
-def _progress_callback(logger: MetricsLogger | None, history: list[dict], verbose: bool):
-    """A transformers callback: every TRL log line into `history`, metrics.jsonl and one printed line."""
+class StepReport:
+    """Each step's numbers (TRL's log names) into <out>/metrics.jsonl + tb/ under the metric families
+    (SFT_METRICS) and, verbose, one printed line. The TRL callback and rank 0 of the distributed loop
+    (trainer.sft_dist) both report through it; its logger opens at the first step (it travels to a rank
+    unopened)."""
+
+    def __init__(self, out: Path, verbose: bool = True):
+        self.out, self.verbose, self.logger, self.t0 = Path(out), verbose, None, time.perf_counter()
+
+    def begin(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __call__(self, step: int, max_steps: int, numbers: dict[str, float]) -> None:
+        if self.logger is None:
+            self.logger = MetricsLogger(self.out)
+        self.logger.log(step, {SFT_METRICS.get(k, f"policy/{k}"): v for k, v in numbers.items()})
+        if self.verbose:
+            rate = (time.perf_counter() - self.t0) / max(step, 1)
+            acc = (f" | token acc {numbers['mean_token_accuracy']:.3f}" if "mean_token_accuracy" in numbers
+                   else "")
+            print(f"step {step}/{max_steps} | loss {numbers['loss']:.4f}{acc} | grad norm "
+                  f"{numbers.get('grad_norm', float('nan')):.3f} | lr {numbers.get('learning_rate', 0.0):.2e} | "
+                  f"{rate:.2f} s/step", flush=True)
+
+    def close(self) -> None:
+        if self.logger is not None:
+            self.logger.close()
+
+
+def _progress_callback(report: StepReport, history: list[dict]):
+    """A transformers callback: every TRL log line into `history` and `report`."""
     # lazy: transformers is heavy
     from transformers import TrainerCallback
 
     class Progress(TrainerCallback):
-        t0 = time.perf_counter()
-
         def on_train_begin(self, args, state, control, **kwargs):
-            self.t0 = time.perf_counter()
+            report.begin()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "loss" not in logs:
                 return
             numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
             history.append({"step": state.global_step, **numbers})
-            if logger is not None:
-                logger.log(state.global_step, {SFT_METRICS.get(k, f"policy/{k}"): v for k, v in numbers.items()})
-            if verbose:
-                rate = (time.perf_counter() - self.t0) / max(state.global_step, 1)
-                print(f"step {state.global_step}/{state.max_steps} | loss {logs['loss']:.4f} | token acc "
-                      f"{logs.get('mean_token_accuracy', float('nan')):.3f} | grad norm "
-                      f"{logs.get('grad_norm', float('nan')):.3f} | lr {logs.get('learning_rate', 0.0):.2e} | "
-                      f"{rate:.2f} s/step", flush=True)
+            report(state.global_step, state.max_steps, numbers)
 
     return Progress()
 
@@ -231,16 +260,22 @@ def run_sft(cfg, verbose: bool = True) -> SFTResult:
     model_dir = Path(sft.out_dir) if sft.out_dir else out / MODEL_DIR
     (out / METRICS_FILE).unlink(missing_ok=True)  # a fresh stage: the curves of this run only
     shutil.rmtree(out / TB_DIR, ignore_errors=True)
-    history: list[dict] = []
-    with MetricsLogger(out) as logger:
-        trainer = build_trainer(model_path, examples, sft, out / "trl", seed=cfg.run.seed, max_length=max_length,
-                                callbacks=[_progress_callback(logger, history, verbose)])
-        trainer.train()
-    if (out / "trl").is_dir() and not any((out / "trl").iterdir()):
-        (out / "trl").rmdir()  # TRL's output_dir: empty unless it wrote something of its own
+    report, history = StepReport(out, verbose), []
+    try:
+        if world_size(cfg) > 1:
+            history = _train_on_ranks(cfg, model_path, examples, max_length, model_dir, report, verbose)
+        else:
+            trainer = build_trainer(model_path, examples, sft, out / "trl", seed=cfg.run.seed,
+                                    max_length=max_length, callbacks=[_progress_callback(report, history)])
+            trainer.train()
+            if (out / "trl").is_dir() and not any((out / "trl").iterdir()):
+                (out / "trl").rmdir()  # TRL's output_dir: empty unless it wrote something of its own
+            if history:
+                save_model(trainer, model_path, model_dir)
+    finally:
+        report.close()
     if not history:
         raise UserError("sft: training ran no step (sft.max_steps / sft.epochs)")
-    save_model(trainer, model_path, model_dir)
     result = SFTResult(model_dir=str(model_dir.resolve()), steps=history[-1]["step"],
                        loss_first=history[0]["loss"], loss_last=history[-1]["loss"], examples=len(examples),
                        truncated=truncated, max_length=max_length, corpus=c, history=history)
@@ -251,6 +286,31 @@ def run_sft(cfg, verbose: bool = True) -> SFTResult:
         print(f"sft: model written to {result.model_dir} (serve or train it with model.path={result.model_dir}); "
               f"train loss {result.loss_first:.4f} -> {result.loss_last:.4f} over {result.steps} steps", flush=True)
     return result
+
+
+def world_size(cfg) -> int:
+    """The data-parallel ranks `sao sft` runs on (the one place this module reads it)."""
+    return cfg.runtime.world_size
+
+
+def _train_on_ranks(cfg, model_path: str, examples: list[dict], max_length: int, model_dir: Path,
+                    report: StepReport, verbose: bool) -> list[dict]:
+    """trainer.sft_dist on world_size FSDP2 ranks; what it cannot do as TRL does is a UserError here."""
+    from transformers import AutoConfig  # lazy: heavy
+
+    from trainer import distributed, sft_dist  # lazy: torch.distributed is heavy
+
+    sft, world = cfg.sft, world_size(cfg)
+    if sft.router_aux_loss_coef > 0:
+        raise UserError(f"sft.router_aux_loss_coef={sft.router_aux_loss_coef}: the MoE load-balancing loss runs "
+                        f"only in TRL's one process (world_size 1); with world_size {world} set it to 0")
+    config = AutoConfig.from_pretrained(model_path)
+    fit_max_length(examples, max_length, getattr(config.get_text_config(), "max_position_embeddings", None))
+    devices = distributed.rank_devices(sft.device, world, "sft.device")
+    if verbose:
+        print(f"sft: {world} FSDP2 ranks ({distributed.backend(devices[0])}) on {', '.join(devices)}", flush=True)
+    return sft_dist.run(model_path, examples, max_length, sft, cfg.trainer, devices, model_dir, seed=cfg.run.seed,
+                        offload=cfg.runtime.offload_optimizer, report=report)
 
 
 def cmd_sft(args) -> int:

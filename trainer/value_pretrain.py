@@ -15,6 +15,17 @@ critic/grad_norm, ... per step), summary.json, and the checkpoint critic/ (save_
 whole, never half-written). `sao train` starts from it with
     trainer.value_pretrain_checkpoint=<run>/value_pretrain/critic
 and the RL critic warm-up (trainer.critic_warmup_steps / critic_only_steps) still applies after it.
+
+Which path trains:
+    runtime.world_size = 1   this process: load_backbone_critic, pretrain_critic
+    runtime.world_size > 1   that many FSDP2 data-parallel ranks, the path `sao train`'s ranks run (local
+                             processes, trainer.distributed.spawn; value_pretrain.device=cuda: rank r on
+                             cuda:r): the critic sharded from the start (build_sharded_critic, through the
+                             same initial_critic), the same pretrain_critic loop with each rank on its
+                             token-balanced part of every batch, the loss divided by all ranks' action
+                             tokens, every metric the whole batch's; critic/ streamed from the shards in
+                             save_critic's format (distributed.write_critic). Nothing of this stage is
+                             missing there.
 """
 from __future__ import annotations
 
@@ -32,20 +43,15 @@ from core.errors import UserError
 from core.files import atomic_dir
 from harness.tiny_model import resolve_model_path
 from harness.trace import Trajectory
+from trainer import distributed, sharded
 from trainer.batch import TrajectoryBatch, build_batch, micro_batches, pack
 from trainer.config import TrainerConfig, ValuePretrainConfig
 from trainer.corpus import Corpus, read_corpus
+from trainer.critic_init import freeze_critic, load_backbone_critic
 from trainer.gae import skip_observation_gae
 from trainer.losses import explained_variance, value_loss
 from trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
-from trainer.models import (
-    Critic,
-    critic_freeze_patterns,
-    freeze_parameters,
-    load_critic,
-    save_critic,
-    use_packed_sdpa,
-)
+from trainer.models import Critic, save_critic, use_packed_sdpa
 from trainer.precision import autocast, enable_activation_checkpointing, model_dtype, to_master_weights, train_mode
 
 OUT_DIR = "value_pretrain"
@@ -87,76 +93,23 @@ def monte_carlo_returns(batch: TrajectoryBatch, gamma: float = 1.0) -> torch.Ten
     return skip_observation_gae(zeros, batch.rewards, batch.action_mask, gamma, 1.0)[1]
 
 
-# --- the critic ---------------------------------------------------------------------------------
-
-def freeze_critic(critic: Critic, trainer: TrainerConfig) -> list[str]:
-    """Freeze the critic as `trainer.critic_freeze*` configures it (as SAOTrainer does); frozen names."""
-    patterns = critic_freeze_patterns(trainer.critic_freeze, trainer.critic_freeze_norms,
-                                      trainer.critic_freeze_router, trainer.critic_freeze_embeddings)
-    return freeze_parameters(critic, patterns)
-
-
-def load_backbone_critic(model_path: str, dtype: str = "float32") -> Critic:
-    """Critic.from_pretrained(model_path) without transformers' load report (the policy's lm_head is
-    expected to be left out); a backbone weight missing from the checkpoint is a UserError."""
-    from transformers import AutoModel  # lazy: heavy
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        backbone, info = AutoModel.from_pretrained(model_path, dtype=getattr(torch, dtype), output_loading_info=True)
-    except OSError as e:
-        raise UserError(f"model.path: cannot load {model_path}: {str(e).splitlines()[0]}") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    if info.get("missing_keys"):
-        missing = sorted(info["missing_keys"])
-        raise UserError(f"model.path: {model_path} lacks {len(missing)} backbone weights (e.g. {missing[0]}); "
-                        "the critic would start from random weights")
-    return Critic(backbone)
-
-
-def initial_critic(trainer: TrainerConfig, policy: torch.nn.Module) -> Critic:
-    """The critic `sao train` starts from: the value-pretraining checkpoint when
-    `trainer.value_pretrain_checkpoint` is set (checked against the policy's architecture, cast to its
-    dtype; value head fp32), else a fresh Critic.from_policy(policy). A policy on the meta device
-    (trainer.distributed.build_sharded) gives a critic on the meta device: its weights are read later."""
-    path = trainer.value_pretrain_checkpoint
-    if path is None:
-        return Critic.from_policy(policy)
-    if not Path(path).is_dir():
-        raise UserError(f"trainer.value_pretrain_checkpoint: directory not found: {path} "
-                        "(run `sao value-pretrain` first)")
-    try:
-        critic = load_critic(path, weights=not next(policy.parameters()).is_meta)
-    except (ValueError, OSError) as e:
-        raise UserError(f"trainer.value_pretrain_checkpoint: {e}") from None
-    mine, theirs = critic.backbone.config, policy.config
-    for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size"):
-        if getattr(mine, key, None) != getattr(theirs, key, None):
-            raise UserError(f"trainer.value_pretrain_checkpoint: {path} has {key}={getattr(mine, key, None)!r} "
-                            f"but the policy has {getattr(theirs, key, None)!r} (pretrained from another model?)")
-    critic.backbone.to(dtype=next(policy.parameters()).dtype)
-    return critic
-
-
 # --- one pass over a batch ----------------------------------------------------------------------
 
-def _critic_pass(critic: Critic, batch: TrajectoryBatch, returns: torch.Tensor, max_tokens: int,
-                 device: torch.device, backward: bool, dtype: torch.dtype) -> tuple[float, torch.Tensor]:
-    """Value loss (token mean over the batch's action tokens) and values [B, T] (CPU, detached);
-    with backward=True the gradients of that loss accumulate in the critic. Forwards under autocast
-    to `dtype` (the model dtype) on packed micro-batches of <= max_tokens tokens, as SAOTrainer's."""
-    n_action = max(int(batch.action_mask.sum()), 1)
+def _critic_pass(critic: Critic, batch: TrajectoryBatch, groups: list[list[int]], returns: torch.Tensor,
+                 device: torch.device, backward: bool, dtype: torch.dtype,
+                 normalizer: float) -> tuple[float, torch.Tensor]:
+    """Value loss (the sum over the batch's action tokens / normalizer) and values [B, T] (CPU, detached)
+    of one forward per micro-batch (`groups`: trainer.batch.micro_batches); with backward=True the
+    gradients of that loss accumulate in the critic. Forwards under autocast to `dtype` (the model
+    dtype) on packed micro-batches, as SAOTrainer's."""
     values = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     total = 0.0
     use_packed_sdpa(critic.backbone)  # idempotent: SDPA per trajectory on packed rows
-    for rows in micro_batches(batch, max_tokens):
+    for rows in groups:
         mb = pack(batch, rows).to(device)
         with torch.set_grad_enabled(backward), autocast(device, dtype):
             v = critic(mb.input_ids, position_ids=mb.position_ids)
-            loss = value_loss(v, mb.gather(returns), mb.action_mask, normalizer=n_action)
+            loss = value_loss(v, mb.gather(returns), mb.action_mask, normalizer=normalizer)
         if backward:
             loss.backward()
         total += loss.item()
@@ -164,28 +117,57 @@ def _critic_pass(critic: Critic, batch: TrajectoryBatch, returns: torch.Tensor, 
     return total, values
 
 
+def _pass(critic: Critic, trajectories: list[Trajectory], trainer: TrainerConfig, pad_token_id: int,
+          device: torch.device, dtype: torch.dtype, backward: bool,
+          dp: distributed.DataParallel | None = None) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """One pass of the critic over `trajectories` -> (value loss: token mean over their action tokens,
+    V and G at those tokens, 1-D); with backward=True the loss's gradients accumulate in the critic.
+    Under `dp` (every rank calls, with the same trajectories) this rank runs its token-balanced part
+    (distributed.split), divides by the action tokens of all parts, pads its forwards up to the ranks'
+    most, and the three are the whole batch's."""
+    mine = trajectories if dp is None else distributed.split(trajectories, dp.world_size)[dp.rank]
+    batch = build_batch(mine, pad_token_id) if mine else None
+    groups = micro_batches(batch, trainer.max_tokens_per_microbatch) if mine else []
+    n = sum(t.num_action_tokens for t in mine)
+    if dp is not None:
+        n, most = dp.sum(n), dp.max(len(groups))  # before the passes: FSDP's collectives pair up pass for pass
+    loss, v, g = 0.0, torch.zeros(0), torch.zeros(0)
+    if mine:
+        returns = monte_carlo_returns(batch, trainer.gamma)
+        loss, values = _critic_pass(critic, batch, groups, returns, device, backward, dtype, max(n, 1))
+        v, g = values[batch.action_mask], returns[batch.action_mask]
+    if dp is not None:
+        dp.zero_passes(critic, most - len(groups), pad_token_id, device, dtype, backward)
+        loss = dp.sum(loss)
+        parts = dp.gather((v, g))
+        v, g = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return loss, v, g
+
+
+def _explained_variance(v: torch.Tensor, g: torch.Tensor) -> float:
+    return explained_variance(v[None], g[None], torch.ones(1, v.numel(), dtype=torch.bool))
+
+
 @torch.no_grad()
 def evaluate(critic: Critic, trajectories: list[Trajectory], trainer: TrainerConfig, pad_token_id: int = 0,
-             device: str | torch.device = "cpu", batch_size: int = 16,
-             dtype: torch.dtype | None = None) -> dict[str, float]:
-    """Value loss and explained variance of the critic on `trajectories` (no update); forwards under
-    autocast to `dtype` (default: the critic's model dtype), in train mode as every pass."""
+             device: str | torch.device = "cpu", batch_size: int = 16, dtype: torch.dtype | None = None,
+             dp: distributed.DataParallel | None = None) -> dict[str, float]:
+    """Value loss and explained variance of the critic on `trajectories` (no update), `batch_size` of them
+    per pass (under `dp`: split over the ranks); forwards under autocast to `dtype` (default: the
+    critic's model dtype), in train mode as every pass."""
     device, dtype = torch.device(device), dtype or model_dtype(critic)
     train_mode(critic)
-    err, count, all_v, all_g = 0.0, 0, [], []
+    err, all_v, all_g = 0.0, [torch.zeros(0)], [torch.zeros(0)]
     for start in range(0, len(trajectories), batch_size):
-        batch = build_batch(trajectories[start:start + batch_size], pad_token_id)
-        returns = monte_carlo_returns(batch, trainer.gamma)
-        n = int(batch.action_mask.sum())
-        loss, values = _critic_pass(critic, batch, returns, trainer.max_tokens_per_microbatch, device, False, dtype)
-        err, count = err + loss * n, count + n
-        all_v.append(values[batch.action_mask])
-        all_g.append(returns[batch.action_mask])
-    if not count:
-        return {"value_loss": float("nan"), "explained_variance": float("nan")}
+        loss, v, g = _pass(critic, trajectories[start:start + batch_size], trainer, pad_token_id, device, dtype,
+                           False, dp)
+        err += loss * v.numel()
+        all_v.append(v)
+        all_g.append(g)
     v, g = torch.cat(all_v), torch.cat(all_g)
-    ev = explained_variance(v[None], g[None], torch.ones(1, v.numel(), dtype=torch.bool))
-    return {"value_loss": err / count, "explained_variance": ev}
+    if not v.numel():
+        return {"value_loss": float("nan"), "explained_variance": float("nan")}
+    return {"value_loss": err / v.numel(), "explained_variance": _explained_variance(v, g)}
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -249,22 +231,31 @@ class _Plateau:
 
 def pretrain_critic(critic: Critic, trajectories: list[Trajectory], vp: ValuePretrainConfig,
                     trainer: TrainerConfig, logger: MetricsLogger | None = None, seed: int = 0,
-                    pad_token_id: int = 0, verbose: bool = True) -> PretrainResult:
+                    pad_token_id: int = 0, verbose: bool = True, dp: distributed.DataParallel | None = None,
+                    dtype: torch.dtype | None = None) -> PretrainResult:
     """Regress `critic` (in place) on the Monte-Carlo returns of `trajectories` (see the module docstring).
 
     Precision as SAOTrainer's (trainer.precision): the critic becomes fp32 master weights on
     `vp.device` that AdamW updates; every forward runs under autocast in the dtype it was loaded in.
+    Data parallel (`dp`, every rank calls): `critic` is this rank's FSDP2 shard (build_sharded_critic:
+    fp32 masters on the rank's device already; `dtype` the model dtype); every rank draws the same
+    batches and trains on its part of each (`_pass`), so every metric, and the plateau stop, is the
+    same on every rank.
     """
     if not trajectories:
         raise ValueError("trajectories: an empty corpus, nothing to pretrain on")
-    device, dtype = torch.device(vp.device), model_dtype(critic)
-    to_master_weights(critic).to(device)
+    dtype = dtype or model_dtype(critic)
+    if dp is None:
+        device = torch.device(vp.device)
+        to_master_weights(critic).to(device)
+    else:
+        device = dp.device
     freeze_critic(critic, trainer)
     params = [p for p in critic.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=vp.lr, weight_decay=trainer.weight_decay)
     rng = random.Random(seed)
     eval_set = rng.sample(trajectories, min(vp.eval_trajectories, len(trajectories)))
-    before = evaluate(critic, eval_set, trainer, pad_token_id, device, dtype=dtype) if eval_set else {}
+    before = evaluate(critic, eval_set, trainer, pad_token_id, device, dtype=dtype, dp=dp) if eval_set else {}
     if verbose and before:
         print(f"value pretraining: {len(trajectories)} trajectories; before: value loss "
               f"{before['value_loss']:.4f}, explained variance {before['explained_variance']:.3f} "
@@ -276,18 +267,16 @@ def pretrain_critic(critic: Critic, trajectories: list[Trajectory], vp: ValuePre
     for step in range(1, vp.max_steps + 1):
         t0 = time.perf_counter()
         epoch, rows = next(batches)
-        batch = build_batch([trajectories[i] for i in rows], pad_token_id)
-        returns = monte_carlo_returns(batch, trainer.gamma)
         train_mode(critic)  # as in SAOTrainer: activation checkpointing active, no dropout allowed
         optimizer.zero_grad(set_to_none=True)
-        loss, values = _critic_pass(critic, batch, returns, trainer.max_tokens_per_microbatch, device, True, dtype)
+        loss, values, returns = _pass(critic, [trajectories[i] for i in rows], trainer, pad_token_id, device,
+                                      dtype, True, dp)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, trainer.max_grad_norm))
         optimizer.step()
-        ev = explained_variance(values, returns, batch.action_mask)
+        ev = _explained_variance(values, returns)
         metrics = {"loss/value_loss": loss, "critic/explained_variance": ev, "critic/grad_norm": grad_norm,
                    "critic/lr": vp.lr, "time/epoch": float(epoch), "rollout/trajectories": float(len(rows)),
-                   "rollout/action_tokens": float(batch.action_mask.sum()),
-                   "critic/return_mean": returns[batch.action_mask].mean().item()}
+                   "rollout/action_tokens": float(values.numel()), "critic/return_mean": returns.mean().item()}
         metrics.update(plateau.update(loss, ev))
         metrics["time/step_s"] = time.perf_counter() - t0
         history.append({"step": step, **metrics})
@@ -299,8 +288,39 @@ def pretrain_critic(critic: Critic, trajectories: list[Trajectory], vp: ValuePre
         if plateau.since >= vp.patience:
             stop_reason = "plateau"
             break
-    after = evaluate(critic, eval_set, trainer, pad_token_id, device, dtype=dtype) if eval_set else {}
+    after = evaluate(critic, eval_set, trainer, pad_token_id, device, dtype=dtype, dp=dp) if eval_set else {}
     return PretrainResult(steps=len(history), stop_reason=stop_reason, history=history, before=before, after=after)
+
+
+# --- the stage ----------------------------------------------------------------------------------
+
+def world_size(cfg) -> int:
+    """The data-parallel ranks `sao value-pretrain` runs on (the one place this module reads it)."""
+    return cfg.runtime.world_size
+
+
+def _pretrain_rank(rank: int, world: int, address, cfg, model_path: str, trajectories: list[Trajectory],
+                   devices: list[str], out: Path, verbose: bool) -> PretrainResult | None:
+    """One rank of the distributed stage: the sharded critic, pretrain_critic on its parts, critic/
+    streamed from the shards; rank 0 logs, prints and returns the result."""
+    dp = distributed.DataParallel(rank, world, address, devices[rank])
+    logger = MetricsLogger(out) if rank == 0 else None
+    try:
+        critic = distributed.build_sharded_critic(cfg.trainer, model_path, cfg.model.dtype, dp,
+                                                  offload=cfg.runtime.offload_optimizer)
+        pad = getattr(critic.backbone.config, "pad_token_id", None) or 0
+        result = pretrain_critic(critic, trajectories, cfg.value_pretrain, cfg.trainer, logger, seed=cfg.run.seed,
+                                 pad_token_id=pad, verbose=verbose and rank == 0, dp=dp,
+                                 dtype=getattr(torch, cfg.model.dtype))
+        if rank == 0:
+            atomic_dir(out / CHECKPOINT_DIR, lambda tmp: distributed.write_critic(tmp, critic))
+        else:
+            distributed.write_critic(out / CHECKPOINT_DIR, critic)  # the collective gathers; rank 0 writes
+    finally:
+        if logger is not None:
+            logger.close()
+        dp.close()
+    return result if rank == 0 else None
 
 
 def run_value_pretrain(cfg, verbose: bool = True) -> PretrainResult:
@@ -329,24 +349,35 @@ def run_value_pretrain(cfg, verbose: bool = True) -> PretrainResult:
                   "initial policy; their returns are another policy's")
 
     model_path = resolve_model_path(cfg.model)
-    critic = load_backbone_critic(model_path, cfg.model.dtype)
+    world = world_size(cfg)
+    devices = distributed.rank_devices(vp.device, world, "value_pretrain.device") if world > 1 else None
+    # one process: the critic itself; ranks: its architecture (the meta device), to fail fast here
+    critic = (load_backbone_critic(model_path, cfg.model.dtype) if world == 1
+              else Critic.from_policy(sharded.meta_causal_lm(model_path)))
     try:
         freeze_critic(critic, trainer)
     except ValueError as e:
         raise UserError(f"trainer.critic_freeze: {e}") from None
-    if trainer.gradient_checkpointing:
-        enable_activation_checkpointing(critic.backbone)
-    pad = getattr(critic.backbone.config, "pad_token_id", None) or 0
 
     out = run / OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
     (out / METRICS_FILE).unlink(missing_ok=True)  # a fresh stage: the curves of this run only
     shutil.rmtree(out / TB_DIR, ignore_errors=True)
-    with MetricsLogger(out) as logger:
-        result = pretrain_critic(critic, corpus.trajectories, vp, trainer, logger, seed=cfg.run.seed,
-                                 pad_token_id=pad, verbose=verbose)
     checkpoint = (out / CHECKPOINT_DIR).resolve()
-    atomic_dir(checkpoint, lambda tmp: save_critic(critic.cpu(), tmp))
+    if world > 1:
+        if verbose:
+            print(f"value pretraining on {world} FSDP2 ranks ({distributed.backend(devices[0])}) on "
+                  f"{', '.join(devices)}", flush=True)
+        result = distributed.spawn(world, _pretrain_rank, cfg, model_path, corpus.trajectories, devices,
+                                   out.resolve(), verbose)[0]
+    else:
+        if trainer.gradient_checkpointing:
+            enable_activation_checkpointing(critic.backbone)
+        pad = getattr(critic.backbone.config, "pad_token_id", None) or 0
+        with MetricsLogger(out) as logger:
+            result = pretrain_critic(critic, corpus.trajectories, vp, trainer, logger, seed=cfg.run.seed,
+                                     pad_token_id=pad, verbose=verbose)
+        atomic_dir(checkpoint, lambda tmp: save_critic(critic.cpu(), tmp))
     result.checkpoint, result.corpus = str(checkpoint), corpus.counts
     summary = {k: v for k, v in asdict(result).items() if k != "history"}
     summary.update(model=model_path, traces=sources, config=vp.model_dump(mode="json"))

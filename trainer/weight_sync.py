@@ -1,4 +1,4 @@
-"""How published weights reach the engine replicas (`trainer.weight_sync`): every replica, or an error.
+"""How published weights reach the engine replicas (`runtime.weight_sync`): every replica, or an error.
 
 - `ObjectStoreSync` (`object_store`): one `ray.put` of the state dict; every replica's
   `update_weights` reads the same object.
@@ -7,7 +7,7 @@
   (a `TCPStore` on the trainer plus a `ProcessGroupGloo` / `ProcessGroupNCCL` built on it, as vLLM's
   stateless groups and TRL's vLLM client do), so FSDP's default group is untouched. A publish
   announces the plan (names, dtypes, shapes, byte offsets: plain arguments of an actor call), then
-  broadcasts the state dict as byte buckets of `trainer.weight_bucket_mb`; each replica unpacks them
+  broadcasts the state dict as byte buckets of `runtime.weight_bucket_mb`; each replica unpacks them
   and loads them as the new version (the vllm engine bucket by bucket as they arrive, `receive_buckets`
   into `VLLMEngine.update_weights_stream`: the replica never holds the whole state dict). The group is
   set up by actor calls with plain arguments (the trainer's address and a free port), and set up again
@@ -24,7 +24,8 @@ import time
 
 import torch
 
-from harness.engines.vllm_weights import ALIGN, pack, plan, unpack  # noqa: F401  (this module's API too)
+from harness.engines.registry import engine_spec, weight_sync_transport
+from harness.engines.vllm_weights import pack, plan, unpack
 from trainer.ray_utils import LoopError, get
 
 
@@ -158,17 +159,14 @@ def _wait_all(refs: dict, version: int | None, timeout_s: float) -> dict:
     return {name: get(ref, timeout_s + 30, f"{what} to engine replica {name}") for name, ref in refs.items()}
 
 
-def make_weight_sync(cfg, log=print):
-    """The transport of `trainer.weight_sync` (auto: collective for vllm, object_store otherwise)."""
-    tc = cfg.trainer
-    kind = tc.weight_sync
-    if kind == "auto":
-        kind = "collective" if cfg.engine.kind == "vllm" else "object_store"
+def make_weight_sync(rt, engine_kind: str, log=print):
+    """The transport of `rt.weight_sync` (`runtime`; auto: the engine kind's first, `harness.engines.registry`)."""
+    kind = weight_sync_transport(engine_kind, rt.weight_sync)
     if kind == "object_store":
         return ObjectStoreSync()
     import ray  # lazy: heavy
 
-    gpu = cfg.engine.kind == "vllm" and tc.device.startswith("cuda")
-    host = tc.weight_sync_host or ray.util.get_node_ip_address()
-    return CollectiveSync("nccl" if gpu else "gloo", host, tc.weight_bucket_mb, tc.publish_timeout_s,
-                          device=tc.device if gpu else "cpu", log=log)
+    gpu = engine_spec(engine_kind).collective_on_gpu and rt.device.startswith("cuda")
+    host = rt.weight_sync_host or ray.util.get_node_ip_address()
+    return CollectiveSync("nccl" if gpu else "gloo", host, rt.weight_bucket_mb, rt.publish_timeout_s,
+                          device=rt.device if gpu else "cpu", log=log)

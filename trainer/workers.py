@@ -1,6 +1,6 @@
 """The engine replicas and rollout workers of `sao train`, seen from the trainer: started, watched, replaced.
 
-`EngineReplicas` (`engine.replicas` engine actors, `trainer.weight_sync`):
+`EngineReplicas` (`engine.replicas` engine actors, `runtime.weight_sync`):
 - `start(version)`: N `EngineActor`s named `r0..r<N-1>` (Ray places them: `engine.gpus_per_replica`,
   `engine.node_resources`), each announced to the task feed, which routes every episode to the
   least-loaded one.
@@ -17,7 +17,7 @@
   reported, its task goes back to the feed, and it is replaced (`LoopError` after
   `3 x rollout.workers` deaths); episodes that all end in infra errors end the run too.
 - `next_batch(...)`: blocks until the queue holds a batch, checking the workers meanwhile;
-  `LoopError` when no trajectory arrives for `trainer.batch_timeout_s`.
+  `LoopError` when no trajectory arrives for `runtime.batch_timeout_s`.
 - `stop()`: kills the workers and lets them be gone (before the engine goes, or they would store
   engine failures); episodes in flight are abandoned, never stored.
 """
@@ -28,6 +28,7 @@ import time
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from harness.engines.registry import replica_gpus
 from harness.engines.vllm_env import engine_runtime_env
 from trainer.actors import EngineActor, RolloutWorker
 from trainer.queue import Counters, Entry, TraceQueue, take_async, take_round
@@ -43,12 +44,13 @@ def _why(ref) -> str:
 
 
 class EngineReplicas:
-    """The engine replicas; `weights()` -> (version, state dict) gives a replacement the current weights."""
+    """The engine replicas of `cfg` (the run config each replica gets: its engine, proxy and model.path); `weights()`
+    -> (version, state dict) gives a replacement the current weights."""
 
-    def __init__(self, cfg, engine_cfg, feed, sync, *, session: str, counters: Counters, weights=None, log=print):
-        self.cfg, self.engine_cfg, self.feed, self.sync = cfg, engine_cfg, feed, sync
+    def __init__(self, cfg, feed, sync, *, session: str, counters: Counters, weights=None, log=print):
+        self.cfg, self.feed, self.sync = cfg, feed, sync
         self.session, self.counters, self.weights, self.log = session, counters, weights, log
-        self.timeout = cfg.trainer.actor_timeout_s
+        self.timeout, self.publish_timeout = cfg.runtime.actor_timeout_s, cfg.runtime.publish_timeout_s
         self.actors: dict[str, object] = {}  # replica name -> actor, in rank order
         self.alive: dict[str, object] = {}  # replica name -> the ref of its serve(): fails when it dies
         self.infos: dict[str, dict] = {}  # replica name -> {"url", "node_ip", "node_id"}
@@ -57,9 +59,7 @@ class EngineReplicas:
 
     def _options(self, name: str) -> dict:
         ec = self.cfg.engine
-        gpus = ec.gpus_per_replica
-        if gpus is None:
-            gpus = ec.tensor_parallel_size if ec.kind == "vllm" else 0
+        gpus = replica_gpus(ec)
         opts = {"max_concurrency": self.cfg.rollout.workers + 8, "name": f"sao-engine-{self.session}-{name}"}
         if gpus:
             opts["num_gpus"] = gpus
@@ -71,10 +71,10 @@ class EngineReplicas:
         return opts
 
     def start(self, version: int) -> None:
-        """All replicas, serving `version` (the weights of `engine_cfg.model.path`)."""
+        """All replicas, serving `version` (the weights of `cfg.model.path`)."""
         names = [f"r{i}" for i in range(self.cfg.engine.replicas)]
         for name in names:
-            self.actors[name] = EngineActor.options(**self._options(name)).remote(self.engine_cfg, version)
+            self.actors[name] = EngineActor.options(**self._options(name)).remote(self.cfg, version)
         for name in names:
             self._serve(name)
         self.sync.connect(self.actors)
@@ -106,12 +106,12 @@ class EngineReplicas:
         new = []
         for name in dead:
             fresh = f"{name.split('.')[0]}.{self.counters.engine_deaths}"
-            self.actors[fresh] = EngineActor.options(**self._options(fresh)).remote(self.engine_cfg, 0)
+            self.actors[fresh] = EngineActor.options(**self._options(fresh)).remote(self.cfg, 0)
             new.append(fresh)
         for name in new:
             get(self.actors[name].info.remote(), self.timeout, f"starting engine replica {name}")
         if version:  # the replacements load the current weights before they serve
-            self.sync.publish(self.actors, version, weights, self.cfg.trainer.publish_timeout_s)
+            self.sync.publish(self.actors, version, weights, self.publish_timeout)
         else:
             self.sync.connect(self.actors)
         for name in new:
@@ -121,7 +121,7 @@ class EngineReplicas:
     def publish(self, version: int, weights: dict) -> dict:
         """`weights` as `version` on every replica (dead ones replaced first); seconds per replica."""
         self.check()
-        return self.sync.publish(self.actors, version, weights, self.cfg.trainer.publish_timeout_s)
+        return self.sync.publish(self.actors, version, weights, self.publish_timeout)
 
     def stats(self) -> dict[str, float]:
         """Over the replicas: the oldest version, busy and up seconds summed (dead ones' last-known included)."""
@@ -145,11 +145,13 @@ class EngineReplicas:
 
 
 class WorkerPool:
+    """The rollout workers; `cfg` is the run config their episodes read (harness.runner's episode functions)."""
+
     def __init__(self, cfg, engines: EngineReplicas, feed, *, session: str, run_id: str, counters: Counters,
                  log=print):
         self.cfg, self.engines, self.feed = cfg, engines, feed
         self.session, self.run_id, self.counters, self.log = session, run_id, counters, log
-        self.timeout = cfg.trainer.actor_timeout_s
+        self.timeout = cfg.runtime.actor_timeout_s
         self.workers: dict[str, object] = {}  # worker id -> actor
         self.runs: dict[str, object] = {}  # worker id -> the ref of its run()
         self.started = 0
@@ -207,7 +209,7 @@ class WorkerPool:
 
     def next_batch(self, queue: TraceQueue, version: int, round_id: str) -> list[Entry]:
         """Block until a batch is ready (async: `take_async`; sync: `take_round` of `round_id`)."""
-        tc = self.cfg.trainer
+        tc, rt = self.cfg.trainer, self.cfg.runtime
         last_new = time.monotonic()
         while True:
             self.check()
@@ -219,11 +221,11 @@ class WorkerPool:
                 batch = take_round(queue, self.counters, round_id, tc.batch_size)
             if batch is not None:
                 return batch
-            if time.monotonic() - last_new > tc.batch_timeout_s:
+            if time.monotonic() - last_new > rt.batch_timeout_s:
                 raise LoopError(f"waiting for a batch of {tc.batch_size}: no new trajectory in "
-                                f"{tc.batch_timeout_s:g}s (trainer.batch_timeout_s); {len(queue.pending)} pending; "
+                                f"{rt.batch_timeout_s:g}s (runtime.batch_timeout_s); {len(queue.pending)} pending; "
                                 f"workers: {self.report()}")
-            time.sleep(tc.poll_interval_s)
+            time.sleep(rt.poll_interval_s)
 
     def stop(self) -> None:
         for w in self.workers.values():

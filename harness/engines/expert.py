@@ -10,8 +10,10 @@ grader as a model's: their traces are SFT data for any task source with gold pat
 """
 from __future__ import annotations
 
-from harness.expert import expert_replies
+from harness.expert import expert_replies, image_file_reader
 from harness.scripted_policy import ScriptedPolicyEngine
+from harness.tiny_model import resolve_model_path
+from tasks.loaders import tasks_from_config
 
 
 class ExpertEngine(ScriptedPolicyEngine):
@@ -21,6 +23,15 @@ class ExpertEngine(ScriptedPolicyEngine):
     None: the scripted gold policy's hunk-wide edits."""
 
     kind = "expert"
+
+    @classmethod
+    def from_config(cls, cfg, **kwargs) -> ExpertEngine:
+        """Reads model.path and engine.timeout_s; ``tasks=`` defaults to the config's tasks and ``read_file=``
+        to the task images' files (``harness.expert.image_file_reader`` over ``cfg.docker``)."""
+        if "tasks" not in kwargs:
+            kwargs["tasks"] = tasks_from_config(cfg)[0]
+        kwargs.setdefault("read_file", image_file_reader(cfg.docker))
+        return cls(resolve_model_path(cfg.model), timeout_s=cfg.engine.timeout_s, **kwargs)
 
     def __init__(self, tokenizer, tasks, read_file=None, **kw):
         tasks = [t for t in tasks if t.patch]

@@ -20,6 +20,7 @@ import torch
 
 from harness.engines.protocol import Engine, EngineError, EngineTimeout, GenerateResult, SamplingParams, find_stop
 from harness.engines.sampling import sample_token
+from harness.tiny_model import resolve_model_path
 
 
 class _Request:
@@ -41,6 +42,13 @@ class _Request:
 
 class HFEngine(Engine):
     kind = "hf"
+
+    @classmethod
+    def from_config(cls, cfg, **kwargs) -> HFEngine:
+        """Reads model.path / dtype, engine.device / max_batch / timeout_s / num_threads, run.seed."""
+        e = cfg.engine
+        return cls(resolve_model_path(cfg.model), device=e.device, dtype=cfg.model.dtype, max_batch=e.max_batch,
+                   timeout_s=e.timeout_s, seed=cfg.run.seed, num_threads=e.num_threads or None, **kwargs)
 
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "float32", max_batch: int = 8,
                  timeout_s: float = 600.0, seed: int = 0, num_threads: int | None = None):

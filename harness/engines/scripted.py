@@ -3,8 +3,8 @@
 It answers each ``generate`` with the next of a given list of assistant replies (text, e.g. with
 Hermes ``<tool_call>`` blocks), encoded with the model's tokenizer and followed by the EOS token,
 each token with logprob 0.0 and the engine's current version. It honours ``max_tokens`` (finish
-``length``) and stop strings (finish ``stop``, the reply cut after the stop string). Later steps use
-it to drive end-to-end episodes to ``resolved`` without a trained model. ``delay_s`` makes every call
+``length``) and stop strings (finish ``stop``, the reply cut after the stop string). Tests and benches
+use it to drive end-to-end episodes to ``resolved`` without a trained model. ``delay_s`` makes every call
 slow, to exercise timeouts. When the replies run out, ``generate`` raises ``EngineError``.
 """
 from __future__ import annotations
@@ -15,10 +15,16 @@ from collections import deque
 from typing import Any
 
 from harness.engines.protocol import Engine, EngineError, EngineTimeout, GenerateResult, SamplingParams, find_stop
+from harness.tiny_model import resolve_model_path
 
 
 class ScriptedEngine(Engine):
     kind = "scripted"
+
+    @classmethod
+    def from_config(cls, cfg, **kwargs) -> ScriptedEngine:
+        """Reads model.path (its tokenizer) and engine.timeout_s; ``kwargs`` give ``replies=`` and the rest."""
+        return cls(resolve_model_path(cfg.model), timeout_s=cfg.engine.timeout_s, **kwargs)
 
     def __init__(self, tokenizer, replies: list[str] | tuple[str, ...] = (), timeout_s: float = 600.0,
                  delay_s: float = 0.0, eos: bool = True):

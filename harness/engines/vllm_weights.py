@@ -3,7 +3,7 @@
 - Buckets (``plan`` / ``pack`` / ``unpack``): tensors packed into ``uint8`` buffers of at most
   ``bucket_bytes`` (a larger tensor alone), each tensor at a 16-byte aligned offset so that a byte view
   can be re-typed. The plan is plain values (it crosses an actor call or vLLM's ``collective_rpc``).
-  ``trainer.weight_sync`` broadcasts the same buckets from the trainer to the replicas.
+  ``runtime.weight_sync`` broadcasts the same buckets from the trainer to the replicas.
 - Names (``to_checkpoint_names``): the trainer publishes its model's state dict, transformers 5's
   names. For the MoE families below that is one fused tensor per layer for all experts
   (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, gate rows first, and ``mlp.experts.down_proj``

@@ -29,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 
 from core.errors import UserError
 from harness.config import TOKEN_ENV, context_budget
+from harness.engines.registry import engine_spec
 from harness.proxy.messages import ProxyError
 from harness.proxy.parsers import parsers_from_config
 from harness.proxy.session import Session, SessionSetup, request_sampling
@@ -111,6 +112,11 @@ class ProxyServer:
         self.full_history_check = cfg.proxy.full_history_check if full_history_check is None else full_history_check
         self.template = template_from_config(tokenizer, cfg.proxy)
         self.tool_parser, self.reasoning_parser = parsers_from_config(self.template, cfg.proxy)
+        fits = engine_spec(cfg.engine.kind).tool_parsers  # None: any (a model writes what its template teaches)
+        if fits is not None and self.tool_parser is not None and self.tool_parser not in fits:
+            raise UserError(f"proxy.tool_parser: engine.kind={cfg.engine.kind} writes {' or '.join(fits)} tool "
+                            f"calls, but the parser in force is {self.tool_parser}: set proxy.tool_parser="
+                            f"{fits[0]}, or use a model whose chat template teaches it")
         self.tokenizer_path = str(getattr(tokenizer, "name_or_path", "") or "")
         self.model_name = model_name or cfg.model.path
         budget = context_budget(cfg)  # proxy.context_budget, or the model's length if shorter

@@ -30,9 +30,9 @@ from harness.engines.protocol import find_stop
 from harness.proxy.messages import ProxyError, is_produced, message_key, normalize_message
 from harness.proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, no_tool_parser
 from harness.proxy.template import ChatTemplate, drift_report
-from harness.trace import Segment, Trajectory
+from harness.trace import Segment, Status, Trajectory
 
-_STATUS_RANK = {"ok": 0, "truncated_context": 1, "infra_error": 2}
+_STATUS_RANK = {Status.OK: 0, Status.TRUNCATED_CONTEXT: 1, Status.INFRA_ERROR: 2}
 
 
 def request_sampling(cfg, body: dict) -> SamplingParams:
@@ -95,7 +95,7 @@ class Session:
         self.owed = ""  # end-of-turn text the last reply still owes (for the drift report)
         self.last_reply: list[int] = []  # the last reply's final token (the stop it sampled, if any)
         self.last_calls: list[tuple[str, str]] = []  # the last reply's tool calls (id, name)
-        self.status = "ok"
+        self.status = Status.OK
         self.breaks: list[int] = []
         self.turns = 0
         self.completion_ids: list[str] = []
@@ -106,7 +106,7 @@ class Session:
         self.turn_log: list[dict] = []
         self.created = time.time()
 
-    def _set_status(self, status: str) -> None:
+    def _set_status(self, status: Status) -> None:
         if _STATUS_RANK[status] > _STATUS_RANK[self.status]:
             self.status = status
 
@@ -182,7 +182,7 @@ class Session:
         if left <= 0:
             n_prompt = len(prompt)
             del prompt[mark:]
-            self._set_status("truncated_context")
+            self._set_status(Status.TRUNCATED_CONTEXT)
             self.errors.append(f"turn {self.turns + 1}: prompt of {n_prompt} tokens over the budget {budget}")
             raise ProxyError(400, f"context_length_exceeded: prompt is {n_prompt} tokens, "
                                   f"the context budget ({self.setup.context_budget_source}) is "
@@ -198,7 +198,7 @@ class Session:
             res = self.setup.engine.generate(prompt, sp)
         except Exception as e:
             del prompt[mark:]
-            self._set_status("infra_error")
+            self._set_status(Status.INFRA_ERROR)
             self.errors.append(f"turn {self.turns + 1}: {type(e).__name__}: {e}")
             if isinstance(e, EngineTimeout):
                 raise ProxyError(504, f"engine timeout: {e}", "engine_timeout", "engine_timeout") from None
@@ -221,7 +221,7 @@ class Session:
         self.owed = self.setup.template.owed_turn_end(res.token_ids)
         self.last_reply = list(res.token_ids[-1:])
         if res.finish_reason == "length" and clipped:
-            self._set_status("truncated_context")
+            self._set_status(Status.TRUNCATED_CONTEXT)
 
     def _reply(self, res: GenerateResult, sp: SamplingParams, tools: list | None) -> dict:
         """The assistant message: the text (cut at the stop string), its reasoning split out by

@@ -27,6 +27,7 @@ from envs.config import DockerConfig
 from envs.engine import _client, start_project_engine, stop_project_engine
 from envs.errors import EngineError
 from envs.pull import ImagePullError, ensure_image, fetch_images, read_record, record_path, save_images
+from harness.trace import Status
 
 
 @pytest.fixture(scope="session")
@@ -164,8 +165,8 @@ def test_an_image_no_source_has_is_an_infra_error_of_the_episode(docker_engine, 
     task = Task(instance_id="absent-1", repo="x/y", base_commit="0" * 40, problem_statement="p", FAIL_TO_PASS=[],
                 PASS_TO_PASS=[], image=f"sao-harness-test/absent-{uuid.uuid4().hex[:8]}:x")
     traj = run_episode(task, EpisodeContext(cfg=cfg, proxy=_NoProxy(), run_id="pytest-pull"))
-    assert traj.status == "infra_error" and traj.reward is None
-    why = traj.metadata["infra_error"]
+    assert traj.status == Status.INFRA_ERROR and traj.reward is None
+    why = traj.metadata[Status.INFRA_ERROR]
     assert why.startswith("ImagePullError: ") and task.image in why and f"dir:{tmp_path}: no " in why
 
 
@@ -195,8 +196,9 @@ def test_sao_images_pull_fetches_on_each_sandbox_node(docker_engine, second_engi
         config = tmp_path / "pull.yaml"
         config.write_text(f"tasks: {{source: {rows}}}\n"
                           f"docker: {{image_sources: ['dir:{tarballs}'], state_dir: {tmp_path / 'state'}}}\n"
-                          f"trainer: {{ray_address: '{cluster.address}'}}\n"
-                          "rollout: {node_resources: {docker: 1}}\n")
+                          f"runtime: {{ray_address: '{cluster.address}'}}\n"
+                          "rollout: {node_resources: {docker: 1}}\n"
+                          "sandbox: {scrub_history: never}\n")  # the image holds no repository to scrub
         out = subprocess.run([sys.executable, "-m", "sao.cli", "images", "pull", "--config", str(config)],
                              cwd=project_root, capture_output=True, text=True, timeout=180,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})

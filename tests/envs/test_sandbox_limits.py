@@ -126,10 +126,10 @@ def test_patch_over_cap_is_patch_too_large_and_never_read_whole(make_sandbox, mo
 
 
 def test_limit_statuses_are_zero_rewards_not_infra_errors():
-    from harness.trace import Trajectory
+    from harness.trace import Status, Trajectory
 
-    Trajectory(task_id="t", status="patch_too_large", reward=0.0).validate()
-    Trajectory(task_id="t", status="disk_exceeded", reward=0.0).validate()
+    Trajectory(task_id="t", status=Status.PATCH_TOO_LARGE, reward=0.0).validate()
+    Trajectory(task_id="t", status=Status.DISK_EXCEEDED, reward=0.0).validate()
 
 
 # -- docker: the file editor ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import pytest
 
 from envs.scrub import SCRIPT, ScrubError, parse_result
+from harness.trace import Status
 
 ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@localhost", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
@@ -270,7 +271,7 @@ def episode(task, run_id: str, tmp_path, agent_commands: dict[str, str], monkeyp
             if "@FUTURE" in cmd:  # the later commit's sha, written outside the repository by the image's build
                 cmd = cmd.replace("@FUTURE", sb.read_text("/future").strip())
             seen[name] = sb.run(cmd, 60).output
-        return SimpleNamespace(status="ok", iterations=1, error=None, to_dict=lambda: {"status": "ok"})
+        return SimpleNamespace(status=Status.OK, iterations=1, error=None, to_dict=lambda: {"status": Status.OK})
 
     monkeypatch.setattr(ep, "run_agent", agent)
     cfg = load_config("configs/local.yaml", [f"run.root={tmp_path}", "run.name=scrub"])
@@ -292,8 +293,9 @@ def test_an_agent_finds_nothing_after_base_in_a_scrubbed_sandbox(images, docker_
     attacked = dataclasses.replace(task, image=attack)  # the bundled task's id and labels, not its image
     assert docker_engine.images.get(attack).labels["sao.task"] == BUNDLED_ID
     assert not history_verified(docker_engine, attack, BUNDLED_ID)
+    forget_scrubbed(docker_engine, attack)  # a copy scrubbed by an earlier run would scrub nothing here
     traj, seen = episode(attacked, test_run_id, tmp_path, AGENT, monkeypatch)
-    assert traj.status == "ok", (traj.status, traj.metadata)
+    assert traj.status == Status.OK, (traj.status, traj.metadata)
     unscrubbed = docker_engine.containers.run(attack, ["bash", "-c", "cat /future; git log --all --format=%s"],
                                               remove=True, network_mode="none").decode()
     future = unscrubbed.split()[0]
@@ -306,12 +308,56 @@ def test_an_agent_finds_nothing_after_base_in_a_scrubbed_sandbox(images, docker_
     assert traj.timings["scrub_s"] < 10
 
 
+def forget_scrubbed(client, image: str) -> list[str]:
+    """Remove every cached scrubbed copy of ``image``; the tags removed."""
+    from envs.scrub import SCRUBBED_REPOSITORY, SOURCE_LABEL
+
+    source = client.images.get(image).id
+    tags = [t for i in client.images.list(SCRUBBED_REPOSITORY) if i.labels.get(SOURCE_LABEL) == source for t in i.tags]
+    for t in tags:
+        client.images.remove(t, force=True)
+    return tags
+
+
+def test_the_scrubbed_image_is_made_once_per_node_and_a_forged_one_is_not_trusted(images, docker_engine, test_run_id,
+                                                                                  tmp_path, monkeypatch):
+    from envs.scrub import KEY_LABEL, SCRUBBED_REPOSITORY, SOURCE_LABEL, scrub_key
+
+    task, _, attack = images
+    attacked = dataclasses.replace(task, image=attack)
+    forget_scrubbed(docker_engine, attack)
+    first, seen_first = episode(attacked, test_run_id, tmp_path, AGENT, monkeypatch)
+    again, seen_again = episode(attacked, test_run_id, tmp_path, AGENT, monkeypatch)
+    assert first.timings["scrub_s"] > 0 and "scrub_s" not in again.timings  # the second sandbox scrubbed nothing
+    assert seen_again == seen_first and "the fix" not in seen_again["log"], seen_again
+    key = scrub_key(docker_engine.images.get(attack).id, task.base_commit, "/testbed")
+    cached = docker_engine.images.get(f"{SCRUBBED_REPOSITORY}:{key}")
+    assert cached.labels[SOURCE_LABEL] == docker_engine.images.get(attack).id and cached.labels[KEY_LABEL] == key
+    assert cached.labels["sao.task"] == BUNDLED_ID and "sao-harness.run" not in cached.labels  # the source's config
+    # a tag alone is not trusted: the unscrubbed image under the cache's name is scrubbed again
+    forget_scrubbed(docker_engine, attack)
+    docker_engine.images.get(attack).tag(SCRUBBED_REPOSITORY, key)
+    forged, seen_forged = episode(attacked, test_run_id, tmp_path, AGENT, monkeypatch)
+    assert forged.timings["scrub_s"] > 0 and "the fix" not in seen_forged["log"], seen_forged
+    assert docker_engine.images.get(f"{SCRUBBED_REPOSITORY}:{key}").labels[KEY_LABEL] == key
+    # `sao images pull` makes the copy ahead (tasks.images.scrub_images): the first sandbox scrubs nothing
+    from sao.config import load_config
+    from tasks.images import scrub_images
+
+    forget_scrubbed(docker_engine, attack)
+    made = scrub_images(load_config("configs/local.yaml"), docker_engine, [attacked], progress=False,
+                        log=lambda *_: None)
+    prepared, seen_prepared = episode(attacked, test_run_id, tmp_path, AGENT, monkeypatch)
+    assert made == (1, {}) and "scrub_s" not in prepared.timings and seen_prepared == seen_first, seen_prepared
+
+
 def test_a_scrub_failure_is_an_infra_error_never_a_reward(images, test_run_id, tmp_path, monkeypatch):
     task, _, attack = images
     wrong = dataclasses.replace(task, image=attack, base_commit="0" * 40)
     traj, seen = episode(wrong, test_run_id, tmp_path, AGENT, monkeypatch)
-    assert (traj.status, traj.reward, seen) == ("infra_error", None, {})
-    assert "history scrub" in traj.metadata["infra_error"] and "is not a commit" in traj.metadata["infra_error"]
+    assert (traj.status, traj.reward, seen) == (Status.INFRA_ERROR, None, {})
+    why = traj.metadata[Status.INFRA_ERROR]
+    assert "history scrub" in why and "is not a commit" in why
 
 
 def test_the_verified_build_of_a_bundled_task_is_spared(images, docker_engine, test_run_id, tmp_path, monkeypatch):
@@ -319,7 +365,7 @@ def test_the_verified_build_of_a_bundled_task_is_spared(images, docker_engine, t
 
     task, verified, attack = images
     traj, seen = episode(task, test_run_id, tmp_path, {"head": "git rev-parse HEAD"}, monkeypatch)
-    assert traj.status == "ok", traj.metadata
+    assert traj.status == Status.OK, traj.metadata
     assert "scrub_s" not in traj.timings and seen["head"].strip() == task.base_commit
     assert history_verified(docker_engine, verified, BUNDLED_ID)
     assert not scrub_needed("auto", docker_engine, verified, BUNDLED_ID)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.trace import Status
 from sao.cli import main
+from tasks.grade_status import INFRA_FAILURES
 
 pytestmark = pytest.mark.docker
 
@@ -89,7 +91,7 @@ def test_gold_policy_scores_100_percent(tmp_path, client, tokenizer):
         out = run_eval(cfg, gold=True, engine=s.engine, proxy=s.proxy)
     r = out.report
     assert out.resolved_line == "resolved: 3/3 guarded, 3/3 official", r["instances"]
-    assert r["resolved_rate_guarded"] == 1.0 and not r["infra_failures"] and not r["hacking_attempts"]
+    assert r["resolved_rate_guarded"] == 1.0 and not r[INFRA_FAILURES] and not r["hacking_attempts"]
     d = tmp_path / "r" / "eval" / "gold"
     assert out.dir == d
     preds = lines(d / "predictions.jsonl")
@@ -99,7 +101,7 @@ def test_gold_policy_scores_100_percent(tmp_path, client, tokenizer):
     assert sorted(summary["resolved_ids"]) == sorted(GOLD_IDS) and summary["schema_version"] == 2
     assert (d / "preflight" / "gold.json").is_file()
     assert len(list((d / "traces").glob("shard-*.parquet"))) == 3
-    assert all(row["turns"] >= 3 and row["tokens"] > 0 and row["episode_status"] == "ok" for row in r["instances"])
+    assert all(row["turns"] >= 3 and row["tokens"] > 0 and row["episode_status"] == Status.OK for row in r["instances"])
     html = (d / "report.html").read_text()
     assert 'src="data:image/png;base64,' in html and all(f"<td>{i}</td>" in html for i in GOLD_IDS)
 
@@ -174,7 +176,7 @@ def test_make_eval_path_with_the_tiny_model(tmp_path, client, capsys):
     for name in ("predictions.jsonl", "report.json", "report.md", "report.html", "tiny.tiny.bundled.json"):
         assert (d / name).is_file(), name
     row = json.loads((d / "report.json").read_text())["instances"][0]
-    assert row["turns"] >= 1 and row["tokens"] > 0 and row["episode_status"] in ("ok", "truncated_turns")
+    assert row["turns"] >= 1 and row["tokens"] > 0 and row["episode_status"] in (Status.OK, Status.TRUNCATED_TURNS)
 
 
 def test_grade_cli_bad_predictions_lines(tmp_path, client, capsys):

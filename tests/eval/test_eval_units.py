@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from core.errors import UserError
+from harness.trace import Status
 from sao.cli import main
+from tasks.grade_status import INFRA_FAILURES
 from tests.support.eval_data import IDS, synthetic_eval
 
 
@@ -186,13 +188,14 @@ def test_report_files(tmp_path, bundled):
     r = synthetic_eval(d, bundled, {IDS[0], IDS[2]}, infra={IDS[3]}, hack={IDS[1]})
     assert (r["total"], r["resolved_guarded"], r["resolved_official"]) == (4, 2, 3)
     assert r["resolved_rate_guarded"] == 0.5 and r["hacking_attempts"] == {IDS[1]: 1}
-    assert r["resolved_only_officially"] == [IDS[1]] and list(r["infra_failures"]) == [IDS[3]]
+    assert r["resolved_only_officially"] == [IDS[1]] and list(r[INFRA_FAILURES]) == [IDS[3]]
     assert r["by_repo"]["sao-harness/minicfg"] == {"total": 1, "resolved": 1, "resolved_official": 1,
-                                                   "infra_failures": 0, "rate": 1.0, "rate_official": 1.0}
+                                                   INFRA_FAILURES: 0, "rate": 1.0, "rate_official": 1.0}
     assert list(r["by_difficulty"]) == ["easy", "medium", "hard"]
     row = r["instances"][0]
     assert {k: row[k] for k in ("instance_id", "resolved", "turns", "tokens", "episode_status", "seconds")} == \
-        {"instance_id": IDS[0], "resolved": True, "turns": 3, "tokens": 9000, "episode_status": "ok", "seconds": 10.0}
+        {"instance_id": IDS[0], "resolved": True, "turns": 3, "tokens": 9000, "episode_status": Status.OK,
+         "seconds": 10.0}
     assert json.loads((d / "report.json").read_text())["instances"] == r["instances"]
     for png in ("turns.png", "tokens.png", "difficulty.png"):
         assert (d / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -231,8 +234,8 @@ def test_stored_trajectory_without_prediction_is_reconciled(tmp_path):
 
     paths = EvalPaths(tmp_path / "ev")
     store = TraceStore(paths.dir)
-    store.write([Trajectory(task_id=IDS[0], status="ok", turns=2, patch="diff --git a/x b/x\n")])
-    store.write([Trajectory(task_id=IDS[1], status="infra_error")])  # no verdict: redone, not predicted
+    store.write([Trajectory(task_id=IDS[0], status=Status.OK, turns=2, patch="diff --git a/x b/x\n")])
+    store.write([Trajectory(task_id=IDS[1], status=Status.INFRA_ERROR)])  # no verdict: redone, not predicted
     preds = {}
     preds_log, episodes = JsonlLog(paths.predictions), JsonlLog(paths.episodes)
     assert reconcile(paths, "m", set(IDS), preds, episodes, preds_log, log=lambda *_: None) == 1
@@ -246,22 +249,22 @@ def test_context_budget_end_is_truncated_context_not_infra():
     """The proxy's over-budget answer ends the episode as truncated_context (graded), not infra_error."""
     from types import SimpleNamespace
 
-    from harness.agent import CONTEXT, INFRA, AgentResult, classify_error
+    from harness.agent import AgentResult, ErrorKind, classify_error
     from harness.episode import _status
     from harness.trace import Trajectory
 
     over = RuntimeError("litellm.BadRequestError: OpenAIException - context_length_exceeded: prompt is 16820 "
                         "tokens, the context budget (proxy.context_budget) is 16384: ...")
-    assert classify_error(over) == CONTEXT
-    assert classify_error(ConnectionError("proxy unreachable")) != CONTEXT
+    assert classify_error(over) == ErrorKind.CONTEXT
+    assert classify_error(ConnectionError("proxy unreachable")) != ErrorKind.CONTEXT
     result = AgentResult(finished=False, iterations=3, nudges=0, hit_max_iterations=False, error=str(over),
-                         error_kind=CONTEXT)
-    assert result.status == "truncated_context"
-    assert _status(result, Trajectory(task_id="t", status="truncated_context"), None) == "truncated_context"
-    assert _status(result, Trajectory(task_id="t", status="truncated_context"), "SandboxError: gone") == "infra_error"
-    dead = SimpleNamespace(status="infra_error", error="SandboxUnavailable: container exited")
-    assert _status(dead, Trajectory(task_id="t", status="truncated_context"), None) == "infra_error"
-    assert INFRA != CONTEXT
+                         error_kind=ErrorKind.CONTEXT)
+    assert result.status == Status.TRUNCATED_CONTEXT
+    truncated = Trajectory(task_id="t", status=Status.TRUNCATED_CONTEXT)
+    assert _status(result, truncated, None) == Status.TRUNCATED_CONTEXT
+    assert _status(result, truncated, "SandboxError: gone") == Status.INFRA_ERROR
+    dead = SimpleNamespace(status=Status.INFRA_ERROR, error="SandboxUnavailable: container exited")
+    assert _status(dead, truncated, None) == Status.INFRA_ERROR
 
 
 def test_a_mixed_source_is_reported_per_dataset(tmp_path):

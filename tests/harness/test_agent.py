@@ -11,15 +11,9 @@ import httpx
 import pytest
 
 from envs.errors import EngineGone
-from harness.agent import (
-    SWEBENCH_CONDA_ACTIVATE,
-    AgentSettings,
-    classify_error,
-    instruction_for,
-    load_sdk,
-    nudge_text,
-    run_agent,
-)
+from harness.agent import AgentSettings, ErrorKind, classify_error, load_sdk, run_agent
+from harness.prompts import SWEBENCH_CONDA_ACTIVATE, instruction_for, nudge_text
+from harness.trace import Status
 from sao.config import load_config
 from tests.support.fakellm import FakeLLM, Reply, http_error, prompt_call, text, tool
 
@@ -79,7 +73,7 @@ def test_requests_carry_sampling_and_episode_headers(native):
     call = tool if native else prompt_call
     r, f = run([call("think", thought="look around"), call("finish", message="done")], native=native,
                temperature=0.7, top_p=0.9, top_k=20, max_tokens=321)
-    assert r.finished and r.finish_message == "done" and r.status == "ok"
+    assert r.finished and r.finish_message == "done" and r.status == Status.OK
     assert r.iterations == 2 and r.llm_response_ids == ["chatcmpl-fake-1", "chatcmpl-fake-2"]
     for body, headers in zip(f.requests, f.headers):
         assert body["temperature"] == 0.7 and body["top_p"] == 0.9 and body["top_k"] == 20
@@ -101,14 +95,14 @@ def test_requests_carry_sampling_and_episode_headers(native):
 def test_max_iterations_is_truncated_turns():
     r, f = run([tool("think", thought=f"step {i}") for i in range(10)], max_iterations=3)
     assert r.hit_max_iterations and not r.finished and r.error is None
-    assert r.iterations == 3 == len(f.requests) and r.status == "truncated_turns"
+    assert r.iterations == 3 == len(f.requests) and r.status == Status.TRUNCATED_TURNS
     assert r.events["conversation_errors"] == ["MaxIterationsReached"]
 
 
 def test_no_tool_call_is_nudged_then_ends():
     r, f = run([text("I am not sure what to do.")] * 10, max_nudges=2)
     assert (r.nudges, r.iterations, len(f.requests)) == (2, 3, 3)
-    assert not r.finished and not r.hit_max_iterations and r.error is None and r.status == "ok"
+    assert not r.finished and not r.hit_max_iterations and r.error is None and r.status == Status.OK
     assert r.events["no_tool_call_replies"] == 3
     last_user = [m for m in f.requests[-1]["messages"] if m["role"] == "user"][-1]
     content = last_user["content"]
@@ -130,14 +124,14 @@ def test_nudge_then_finish_and_iteration_budget_spans_nudges():
 ], ids=["http500", "http503-mid-episode", "connection-refused"])
 def test_llm_failures_are_infra_errors(script, base_url):
     r, _ = run(script, base_url=base_url)
-    assert r.error_kind == "infra" and r.status == "infra_error" and not r.finished
+    assert r.error_kind == ErrorKind.INFRA and r.status == Status.INFRA_ERROR and not r.finished
     assert r.error and "LLMServiceUnavailableError" in r.error
 
 
 def test_context_window_overflow_is_truncated_context():
     r, _ = run([http_error(400, "This model's maximum context length is 8192 tokens. However, your messages "
                                 "resulted in 9000 tokens.")])
-    assert r.error_kind == "context" and r.status == "truncated_context"
+    assert r.error_kind == ErrorKind.CONTEXT and r.status == Status.TRUNCATED_CONTEXT
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "prompt"])
@@ -153,7 +147,7 @@ def test_malformed_tool_calls_are_shown_to_the_agent(native):
 
 def test_stuck_detection_is_reported():
     r, _ = run([tool("think", thought="same")] * 10, max_iterations=8)
-    assert r.stuck and not r.finished and r.status == "ok"
+    assert r.stuck and not r.finished and r.status == Status.OK
     r, _ = run([tool("think", thought="same")] * 5, max_iterations=5, stuck_detection=False)
     assert not r.stuck and r.hit_max_iterations
 
@@ -163,16 +157,16 @@ def test_classify_error(sdk):
 
     llm_exc = sdk["llm_exc"]
     wrap = sdk["ConversationRunError"]
-    assert classify_error(SandboxUnavailable("gone")) == "infra"
-    assert classify_error(llm_exc.LLMTimeoutError("slow")) == "infra"
-    assert classify_error(llm_exc.LLMContextWindowExceedError("long")) == "context"
-    assert classify_error(RuntimeError("sdk bug")) == "agent"
-    assert classify_error(EngineGone("engine socket gone")) == "infra"
-    assert classify_error(httpx.ConnectError("refused")) == "infra"
+    assert classify_error(SandboxUnavailable("gone")) == ErrorKind.INFRA
+    assert classify_error(llm_exc.LLMTimeoutError("slow")) == ErrorKind.INFRA
+    assert classify_error(llm_exc.LLMContextWindowExceedError("long")) == ErrorKind.CONTEXT
+    assert classify_error(RuntimeError("sdk bug")) == ErrorKind.AGENT
+    assert classify_error(EngineGone("engine socket gone")) == ErrorKind.INFRA
+    assert classify_error(httpx.ConnectError("refused")) == ErrorKind.INFRA
     try:
         try:
             raise SandboxUnavailable("container removed")
         except SandboxUnavailable as inner:
             raise wrap("conv-1", inner) from inner
     except wrap as e:
-        assert classify_error(e) == "infra"
+        assert classify_error(e) == ErrorKind.INFRA

@@ -17,7 +17,9 @@ import pytest
 
 from envs.config import SandboxConfig
 from envs.sandbox import Sandbox
-from harness.agent import AgentSettings, instruction_for, run_agent
+from harness.agent import AgentSettings, ErrorKind, run_agent
+from harness.prompts import instruction_for
+from harness.trace import Status
 from tests.support.agent import make_repo_sandbox
 from tests.support.fakellm import FakeLLM, Reply, prompt_call, text, tool
 
@@ -260,7 +262,7 @@ def test_hostile_tool_calls_are_errors_the_agent_sees_and_the_sandbox_lives_on(e
         with FakeLLM(script) as f:
             r = run_agent(sb, base_url=f.base_url, instruction="x", episode_id="ep-hostile", task_id="t-hostile",
                           settings=AgentSettings(max_iterations=len(script), stuck_detection=False))
-        assert r.status == "ok" and r.finished and r.error is None, r
+        assert r.status == Status.OK and r.finished and r.error is None, r
         assert len(f.requests) == len(script)
         for i in range(len(HOSTILE_CALLS)):
             alive = "".join(c["text"] for c in f.requests[2 * i + 2]["messages"][-1]["content"])
@@ -280,7 +282,7 @@ def test_a_prompt_format_call_nested_past_pythons_recursion_is_shown_as_malforme
     with FakeLLM([deep, prompt_call("finish", message="done")]) as f:
         r = run_agent(sandbox, base_url=f.base_url, instruction="x", episode_id="ep-deep", task_id="t-deep",
                       settings=AgentSettings(native_tool_calling=False))
-    assert r.status == "ok" and r.finished and r.error is None, r
+    assert r.status == Status.OK and r.finished and r.error is None, r
     assert "nested too deeply" in json.dumps(f.requests[1]["messages"][-1])
 
 
@@ -298,7 +300,7 @@ def test_episode_edits_the_repo_in_both_tool_modes(engine, native):
             r = run_agent(sb, base_url=f.base_url, instruction=instruction_for("Make x equal 2.", "HEAD"),
                           episode_id="ep-edit", task_id="t-edit",
                           settings=AgentSettings(native_tool_calling=native, temperature=0.8))
-        assert r.finished and r.iterations == 5 and r.status == "ok", r
+        assert r.finished and r.iterations == 5 and r.status == Status.OK, r
         assert r.events["tool_calls"] == {"terminal": 2, "file_editor": 2, "finish": 1}
         assert "+x = 2" in sb.diff("HEAD")
         last = json.dumps(f.requests[-1])
@@ -327,7 +329,7 @@ def test_container_gone_mid_episode_is_an_infra_error(engine):
         with FakeLLM([tool("terminal", command="echo hi"), remove_container, tool("terminal", command="echo again"),
                       tool("finish", message="x")]) as f:
             r = run_agent(sb, base_url=f.base_url, instruction="x", episode_id="ep-gone", task_id="t-gone")
-        assert r.error_kind == "infra" and r.status == "infra_error", r
+        assert r.error_kind == ErrorKind.INFRA and r.status == Status.INFRA_ERROR, r
         assert "SandboxUnavailable" in r.error and "removed" in r.error
         assert len(f.requests) == 2  # no LLM turn after the sandbox died
     finally:
@@ -342,7 +344,7 @@ def test_container_gone_mid_episode_is_an_infra_error(engine):
      "file_editor", "exit", "echo after"],
 ], ids=["mv-bash-edit", "mv-bash-exit", "chmod-bash-exit", "true-as-bash"])
 def test_an_agent_that_breaks_its_tools_gets_an_error_not_an_infra_failure(engine, attack):
-    """The policy is rewarded for hiding a failure as "infra error, no reward": whatever it does inside a
+    """The policy is rewarded for hiding a failure as an infra error (no reward): whatever it does inside a
     running container shows as the tool's error, the episode goes on and ends as its own."""
     calls = [tool("file_editor", command="view", path="/testbed/a.py") if c == "file_editor"
              else tool("terminal", command=c) for c in attack]
@@ -350,7 +352,7 @@ def test_an_agent_that_breaks_its_tools_gets_an_error_not_an_infra_failure(engin
     try:
         with FakeLLM([*calls, tool("finish", message="done")]) as f:
             r = run_agent(sb, base_url=f.base_url, instruction="x", episode_id="ep-break", task_id="t-break")
-        assert r.status == "ok" and r.finished and r.error is None, r
+        assert r.status == Status.OK and r.finished and r.error is None, r
         assert len(f.requests) == len(attack) + 1  # every call answered, then finish
         seen = json.dumps(f.requests[-1]["messages"][-1])
         assert "Error executing tool" in seen and ("no shell starts" in seen or "cannot read the sandbox" in seen)

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from harness.agent import AgentSettings, run_agent
+from harness.trace import Status
 from tests.support.agent import make_repo_sandbox
 
 pytestmark = pytest.mark.docker
@@ -48,10 +49,10 @@ def test_episode_through_the_token_exact_proxy(engine, tiny_model_dir, native):
     try:
         r = run_agent(sb, base_url=url, instruction="Make x equal 3.", episode_id="ep-proxy", task_id="t-proxy",
                       settings=AgentSettings(native_tool_calling=native, temperature=1.0, max_tokens=4096))
-        assert r.finished and r.nudges == 1 and r.iterations == 5 and r.status == "ok", r
+        assert r.finished and r.nudges == 1 and r.iterations == 5 and r.status == Status.OK, r
         assert "+x = 3" in sb.diff("HEAD")
         traj = proxy.close_episode("ep-proxy")
-        assert traj.breaks == [] and traj.status == "ok"  # the SDK only ever appended to the history
+        assert traj.breaks == [] and traj.status == Status.OK  # the SDK only ever appended to the history
         assert traj.turns == 5 and sum(s.kind == "action" for s in traj.segments) == 5
         assert traj.metadata["completion_ids"] == r.llm_response_ids
         assert traj.task_id == "t-proxy"

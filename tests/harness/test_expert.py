@@ -17,6 +17,7 @@ from unidiff import PatchSet
 
 from harness.expert import expert_replies, minimal_edits
 from harness.scripted_policy import gold_replies
+from harness.trace import Status
 from tasks.loaders import load_tasks
 
 TASKS = ["sao-harness__minicfg-8", "sao-harness__spanlib-8", "sao-harness__tablefmt-9"]
@@ -130,7 +131,7 @@ def test_expert_episodes_resolve_are_short_and_traces_hold_the_emitted_ids(docke
     trajs, engine, tasks = run("compact", TASKS)
     for task in tasks:
         traj = trajs[task.instance_id]
-        assert traj.status == "ok" and traj.reward == 1.0 and traj.breaks == []
+        assert traj.status == Status.OK and traj.reward == 1.0 and traj.breaks == []
         actions = [s.token_ids for s in traj.segments if s.kind == "action"]
         assert actions == engine.emitted[task.instance_id]  # exactly the ids the engine emitted, turn by turn
         gold = _action_tokens(tokenizer, gold_replies(task))

@@ -17,6 +17,7 @@ from harness.engines.scripted import ScriptedEngine
 from harness.proxy import ProxyServer
 from harness.store import TraceStore, read_shard
 from harness.tiny_model import ensure_tiny_model
+from harness.trace import Status
 from sao.config import load_config
 from tests.support.proxy import Spy
 
@@ -89,7 +90,7 @@ def test_five_turns_are_token_exact_and_traced(hf, tok):
         msgs = msgs + [dumped(r.choices[0].message)] + (news[turn] if turn < 4 else [])
     closed = httpx.post(url.removesuffix("/v1") + "/episodes/five/close", timeout=60).json()
     [traj] = read_shard(closed["shard"])
-    assert traj.traj_id == closed["traj_id"] and traj.task_id == "five" and traj.status == "ok"
+    assert traj.traj_id == closed["traj_id"] and traj.task_id == "five" and traj.status == Status.OK
 
     calls = spy.calls[n0:]
     assert len(calls) == 5 and traj.turns == 5 and traj.breaks == []
@@ -180,7 +181,7 @@ def test_native_tool_calls_are_parsed_and_resent_history_is_not_a_break(scripted
     r3 = c.chat.completions.create(model="tiny", messages=msgs, tools=TOOLS)
     assert r3.choices[0].finish_reason == "stop" and r3.choices[0].message.tool_calls is None
     traj = proxy.close_episode("native")
-    assert traj.breaks == [] and traj.turns == 3 and traj.status == "ok"
+    assert traj.breaks == [] and traj.turns == 3 and traj.status == Status.OK
     assert tok.decode(traj.segments[2].token_ids) == (
         "\n<|im_start|>user\n<tool_response>\nsetup.py\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     # drift: a re-render of the history as resent (content dropped, arguments re-dumped) is not what was sampled

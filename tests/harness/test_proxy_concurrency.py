@@ -10,9 +10,10 @@ from transformers import AutoTokenizer
 
 from harness.engines.hf import HFEngine
 from harness.proxy import ProxyServer
+from harness.testbeds.simulated import SleepEngine
 from harness.tiny_model import ensure_tiny_model
+from harness.trace import Status
 from sao.config import load_config
-from trainer.simulated import SleepEngine
 
 REPO = Path(__file__).resolve().parents[2]
 EPISODES = 4
@@ -57,7 +58,7 @@ def test_concurrent_episodes_give_separate_exact_traces(server):
     h = engine.health()
     assert h["steps"] - steps0 < h["tokens"] - tokens0 - EPISODES * TURNS  # requests shared decode steps
     for i, (a, b) in enumerate(zip(solo, together)):
-        assert b.task_id == f"task-{i}" and b.turns == TURNS and b.status == "ok" and b.breaks == []
+        assert b.task_id == f"task-{i}" and b.turns == TURNS and b.status == Status.OK and b.breaks == []
         assert [s.kind for s in b.segments] == ["observation", "action"] * TURNS
         assert b.token_ids == a.token_ids  # same seeds: the same episode, batched or alone
         assert b.logp_rollout == pytest.approx(a.logp_rollout, abs=1e-4)

@@ -12,6 +12,7 @@ from harness.engines.scripted import ScriptedEngine
 from harness.proxy import ProxyServer, check_loopback, parse_tool_calls
 from harness.store import TraceStore, read_shard
 from harness.tiny_model import ensure_tiny_model
+from harness.trace import Status
 from sao.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def test_rewritten_history_starts_a_new_sequence_and_records_the_break(server, t
     condensed = [{"role": "user", "content": "summary of earlier events"}, {"role": "user", "content": "go on"}]
     c.chat.completions.create(model="tiny", messages=condensed)
     traj = proxy.close_episode("rewrite")
-    assert traj.breaks == [n_before] and traj.turns == 3 and traj.status == "ok"
+    assert traj.breaks == [n_before] and traj.turns == 3 and traj.status == Status.OK
     new_seq = traj.token_ids[n_before:]
     rendered = tok.apply_chat_template(condensed, tokenize=False, add_generation_prompt=True)
     assert new_seq[:len(tok.encode(rendered))] == tok.encode(rendered)  # a fresh full render, then the reply
@@ -123,12 +124,12 @@ def test_prompt_over_budget_is_a_clear_error_and_a_recorded_status(server):
         c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "word " * 1500}])
     assert e.value.code == "context_length_exceeded" and "context budget" in str(e.value)
     closed = httpx.post(url.removesuffix("/v1") + "/episodes/long/close", timeout=10).json()
-    assert closed["status"] == "truncated_context" and read_shard(closed["shard"])[0].status == "truncated_context"
+    assert closed["status"] == read_shard(closed["shard"])[0].status == Status.TRUNCATED_CONTEXT
     # a reply cut by the budget: max_tokens clipped to what is left, finish_reason length
     engine.add_replies("word " * 1500)
     r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5000)
     assert r.choices[0].finish_reason == "length" and r.usage.total_tokens == 1000
-    assert proxy.close_episode("long").status == "truncated_context"
+    assert proxy.close_episode("long").status == Status.TRUNCATED_CONTEXT
     still_serves(engine, url)
 
 
@@ -143,7 +144,7 @@ def test_engine_timeout_is_a_504_and_an_infra_error(server):
         engine.delay_s = 0.0
     assert e.value.status_code == 504 and "timeout" in str(e.value)
     traj = proxy.close_episode("slow")
-    assert traj.status == "infra_error" and "did not finish" in traj.metadata["errors"][0]
+    assert traj.status == Status.INFRA_ERROR and "did not finish" in traj.metadata["errors"][0]
     engine._replies.clear()
     still_serves(engine, url)
 

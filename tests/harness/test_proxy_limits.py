@@ -22,9 +22,10 @@ from harness.engines.scripted import ScriptedEngine
 from harness.episode import EpisodeContext
 from harness.episode import _status as episode_status
 from harness.proxy import ProxyServer, check_loopback
+from harness.testbeds.simulated import chat_episode
 from harness.tiny_model import ensure_tiny_model
+from harness.trace import Status
 from sao.config import load_config
-from trainer.simulated import chat_episode
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "sao"
@@ -170,7 +171,7 @@ def test_the_agent_sends_the_token(serve):
     proxy, _, url, cfg = serve(f"proxy.token={TOKEN}", "sampling.max_tokens=256", replies=[finish])
     r = run_agent(None, base_url=url, instruction="Say done.", episode_id="ep-tok", task_id="t-tok",
                   settings=AgentSettings.from_config(cfg), tools=NoTools())
-    assert r.finished and r.status == "ok" and r.error is None, r
+    assert r.finished and r.status == Status.OK and r.error is None, r
     assert proxy.close_episode("ep-tok").turns == 1
 
 
@@ -180,7 +181,7 @@ def test_the_simulated_episode_sends_the_token(serve):
     task = SimpleNamespace(instance_id="t-sim")
     traj = chat_episode(task, ctx, "ep-sim", list(USER), 2, lambda turn: f"observation {turn}",
                         lambda traj: 1.0, "simulated")
-    assert traj.status == "ok" and traj.turns == 2 and "infra_error" not in traj.metadata, traj.metadata
+    assert traj.status == Status.OK and traj.turns == 2 and Status.INFRA_ERROR not in traj.metadata, traj.metadata
 
 
 # --- the context budget: proxy.context_budget, capped at the model's length -----------------------
@@ -230,13 +231,13 @@ def test_a_prompt_over_the_models_length_ends_truncated_context_and_is_rewarded(
     error = r.json()["error"]
     assert r.status_code == 400 and error["code"] == "context_length_exceeded", r.text
     assert "max_position_embeddings" in error["message"] and "is 200" in error["message"]
-    assert engine.calls == 0 and proxy.close_episode("long").status == "truncated_context"
+    assert engine.calls == 0 and proxy.close_episode("long").status == Status.TRUNCATED_CONTEXT
 
     ctx = EpisodeContext(cfg=cfg, proxy=proxy, run_id="run-ctx")
     traj = chat_episode(SimpleNamespace(instance_id="t-ctx"), ctx, "ep-ctx", list(USER), 3,
                         lambda turn: "observation " * 300, lambda traj: 1.0, "simulated")
-    assert (traj.status, traj.reward, traj.turns) == ("truncated_context", 1.0, 1), traj.metadata
-    assert "infra_error" not in traj.metadata and "over the budget 200" in traj.metadata["errors"][0]
+    assert (traj.status, traj.reward, traj.turns) == (Status.TRUNCATED_CONTEXT, 1.0, 1), traj.metadata
+    assert Status.INFRA_ERROR not in traj.metadata and "over the budget 200" in traj.metadata["errors"][0]
 
 
 def test_the_agent_over_the_models_length_ends_truncated_context(serve, tmp_path):
@@ -245,6 +246,6 @@ def test_the_agent_over_the_models_length_ends_truncated_context(serve, tmp_path
     proxy, _, url, cfg = serve(f"model.path={short_model(tmp_path, 512)}", "sampling.max_tokens=256")
     r = run_agent(None, base_url=url, instruction="Say done.", episode_id="ep-short", task_id="t-short",
                   settings=AgentSettings.from_config(cfg), tools=NoTools())
-    assert r.status == "truncated_context" and "context_length_exceeded" in (r.error or ""), r
+    assert r.status == Status.TRUNCATED_CONTEXT and "context_length_exceeded" in (r.error or ""), r
     traj = proxy.close_episode("ep-short")
-    assert traj.status == "truncated_context" and episode_status(r, traj, None) == "truncated_context"
+    assert traj.status == Status.TRUNCATED_CONTEXT and episode_status(r, traj, None) == Status.TRUNCATED_CONTEXT

@@ -18,7 +18,7 @@ from harness.rollout import run_rollout
 from harness.runner import episode_function, run_with_retries
 from harness.scripted_policy import ScriptedPolicyEngine, tool_call
 from harness.store import TraceStore
-from harness.trace import Trajectory
+from harness.trace import Status, Trajectory
 from sao.config import load_config
 from tasks.loaders import load_tasks
 
@@ -74,7 +74,7 @@ def test_scripted_gold_episode_resolves_and_trace_is_what_the_engine_emitted(doc
     stats = rollout(cfg, engine, tokenizer)
     assert stats.done == 1 and stats.resolved == 1
     [traj] = list(TraceStore(cfg.run.dir))
-    assert traj.status == "ok" and traj.reward == 1.0
+    assert traj.status == Status.OK and traj.reward == 1.0
     assert traj.grading["resolved_official"] is True and traj.grading["resolved_guarded"] is True
     assert "minicfg" in traj.patch and traj.patch.startswith("diff --git")
     actions = [s for s in traj.segments if s.kind == "action"]
@@ -91,7 +91,7 @@ def test_turn_limit_gives_truncated_turns(docker_engine, project_root, tmp_path,
     engine = ScriptedPolicyEngine(tokenizer, {TASK: replies}, {TASK: tasks[0].problem_statement})
     rollout(cfg, engine, tokenizer)
     [traj] = list(TraceStore(cfg.run.dir))
-    assert traj.status == "truncated_turns"
+    assert traj.status == Status.TRUNCATED_TURNS
     assert traj.turns == 3
     assert traj.reward == 0.0  # graded: an empty patch resolves nothing
 
@@ -112,10 +112,10 @@ def test_container_killed_mid_episode_is_infra_error_without_reward(docker_engin
     engine.calls = 0
     stats = rollout(cfg, engine, tokenizer)
     [traj] = list(TraceStore(cfg.run.dir))  # the last attempt is recorded, once
-    assert traj.status == "infra_error" and traj.reward is None
+    assert traj.status == Status.INFRA_ERROR and traj.reward is None
     assert traj.metadata["attempt"] == 1 and stats.retries == 1 and stats.infra_errors == 1
     assert traj.grading is None  # never graded, never a 0
-    assert "infra_error" in traj.metadata
+    assert Status.INFRA_ERROR in traj.metadata
 
 
 @pytest.mark.parametrize("attack", ["rm -rf /testbed/.git", "printf '#!/bin/sh\\necho 7\\n' > /usr/local/bin/wc && "
@@ -130,7 +130,7 @@ def test_an_agent_that_breaks_the_patch_extraction_gets_zero_not_infra(docker_en
     engine = ScriptedPolicyEngine(tokenizer, {TASK: replies}, {TASK: tasks[0].problem_statement})
     stats = rollout(cfg, engine, tokenizer)
     [traj] = list(TraceStore(cfg.run.dir))
-    assert (traj.status, traj.reward) == ("patch_unavailable", 0.0), traj.metadata
+    assert (traj.status, traj.reward) == (Status.PATCH_UNAVAILABLE, 0.0), traj.metadata
     assert stats.retries == 0 and stats.infra_errors == 0 and "no patch" in traj.metadata["limit"]
 
 
@@ -146,7 +146,7 @@ def test_an_agent_that_removes_bash_is_graded_not_infra(docker_engine, project_r
     engine = ScriptedPolicyEngine(tokenizer, {TASK: replies}, {TASK: tasks[0].problem_statement})
     stats = rollout(cfg, engine, tokenizer)
     [traj] = list(TraceStore(cfg.run.dir))
-    assert (traj.status, traj.reward) == ("ok", 0.0), traj.metadata
+    assert (traj.status, traj.reward) == (Status.OK, 0.0), traj.metadata
     assert traj.grading is not None and stats.retries == 0 and stats.infra_errors == 0
 
 
@@ -163,7 +163,7 @@ def test_tiny_model_rollout_writes_valid_traces_and_resumes(docker_engine, proje
     trajs = list(store)
     assert sorted(t.task_id for t in trajs) == [TASK, TASK2]
     for t in trajs:
-        assert t.status in ("ok", "truncated_turns", "agent_error"), t.metadata
+        assert t.status in (Status.OK, Status.TRUNCATED_TURNS, Status.AGENT_ERROR), t.metadata
         assert t.num_action_tokens > 0 and t.versions == [0]
         assert all(lp <= 0 for s in t.segments if s.kind == "action" for lp in s.logp_rollout)
     show = subprocess.run([sys.executable, "-m", "sao.cli", "trace", "show", str(store.shards()[0])],
@@ -187,22 +187,22 @@ def test_run_with_retries_retries_infra_errors_only_and_never_rewards_them():
         if len(ids) == 1:
             raise RuntimeError("engine gone")
         if len(ids) == 2:
-            return Trajectory(task_id=task.instance_id, traj_id=eid, status="infra_error",
-                              metadata={"infra_error": "x"})
-        return Trajectory(task_id=task.instance_id, traj_id=eid, status="ok", reward=1.0)
+            return Trajectory(task_id=task.instance_id, traj_id=eid, status=Status.INFRA_ERROR,
+                              metadata={Status.INFRA_ERROR: "x"})
+        return Trajectory(task_id=task.instance_id, traj_id=eid, status=Status.OK, reward=1.0)
 
     seen: list[Trajectory] = []
     started: list[str] = []
     last = run_with_retries(flaky, task, None, 5, on_start=started.append, on_attempt=seen.append)
-    assert [t.status for t in seen] == ["infra_error", "infra_error", "ok"] and last is seen[-1]
+    assert [t.status for t in seen] == [Status.INFRA_ERROR, Status.INFRA_ERROR, Status.OK] and last is seen[-1]
     assert [t.metadata["attempt"] for t in seen] == [0, 1, 2]
     assert [t.metadata["last_attempt"] for t in seen] == [False, False, True]
     assert [t.reward for t in seen] == [None, None, 1.0]
-    assert seen[0].metadata["infra_error"] == "RuntimeError: engine gone" and seen[0].traj_id == ids[0]
+    assert seen[0].metadata[Status.INFRA_ERROR] == "RuntimeError: engine gone" and seen[0].traj_id == ids[0]
     assert started == ids and len(set(ids)) == 3
 
     def broken(task, ctx, eid):
-        return Trajectory(task_id=task.instance_id, traj_id=eid, status="infra_error")
+        return Trajectory(task_id=task.instance_id, traj_id=eid, status=Status.INFRA_ERROR)
 
     seen.clear()
     last = run_with_retries(broken, task, None, 1, on_attempt=seen.append)

@@ -28,6 +28,7 @@ from harness.engines.scripted import ScriptedEngine
 from harness.proxy import ProxyServer, TemplateError
 from harness.proxy.template import ChatTemplate
 from harness.store import TraceStore, read_shard
+from harness.trace import Status
 from sao.config import load_config
 from tests.harness.template_families import FAMILIES, TEMPLATES
 from tests.support.proxy import Spy, start_sao_serve
@@ -91,7 +92,7 @@ def run_episode(url, episode):
 
 def check_token_invariant(spy, traj):
     """prompt_t = obs_1 + act_1 + ... + obs_t, exactly the stored trace, and no break."""
-    assert traj.breaks == [] and traj.status == "ok" and traj.turns == len(spy.calls)
+    assert traj.breaks == [] and traj.status == Status.OK and traj.turns == len(spy.calls)
     segs = traj.segments
     for t, (prompt, res) in enumerate(spy.calls):
         assert prompt == [i for s in segs[:2 * t + 1] for i in s.token_ids], f"turn {t + 1}: prompt is not the trace"
@@ -217,7 +218,7 @@ def test_sao_serve_runs_a_qwen3_episode(tmp_path):
     try:
         run_episode(base + "/v1", "q3")
         closed = httpx.post(f"{base}/episodes/q3/close", timeout=30).json()
-        assert closed["status"] == "ok" and closed["turns"] == len(SCRIPT) and closed["breaks"] == []
+        assert closed["status"] == Status.OK and closed["turns"] == len(SCRIPT) and closed["breaks"] == []
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
@@ -254,7 +255,7 @@ def test_openhands_expert_episode_resolves_with_the_qwen3_template(docker_engine
         proxy.stop()
     assert stats.done == 1 and stats.resolved == 1
     (traj,) = list(TraceStore(cfg.run.dir))
-    assert traj.status == "ok" and traj.reward == 1.0 and traj.breaks == [] and traj.metadata["errors"] == []
+    assert traj.status == Status.OK and traj.reward == 1.0 and traj.breaks == [] and traj.metadata["errors"] == []
     actions = [tok.decode(seg.token_ids) for seg in traj.segments if seg.kind == "action"]
     assert len(actions) >= 2 and all(a.startswith("<think>\nStep: ") for a in actions)
 

@@ -1,16 +1,20 @@
-"""Trace format and store: validation naming the field, atomic shards, round trip through datasets."""
+"""Trace format and store: validation naming the field, atomic shards, round trip through datasets; the
+status enum (Parquet and JSON keep its values, no status literal outside it)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.store import TraceStore, read_traces
-from harness.trace import TraceError, Trajectory
+from harness.store import TraceStore, read_shard, read_traces
+from harness.trace import EXCLUDED, REWARDED, SCHEMA, Status, TraceError, Trajectory, to_table
 from tests.support.traces import make_traj
 
 
@@ -42,7 +46,7 @@ def test_validation_names_the_field(mutate, field):
     assert field in str(e.value) and t.traj_id in str(e.value)
 
 
-@pytest.mark.parametrize("status", ["infra_error", "agent_error", "stale"])
+@pytest.mark.parametrize("status", sorted(EXCLUDED))
 def test_reward_only_on_rewarded_statuses(status):
     with pytest.raises(TraceError, match="'reward' must be null"):
         make_traj(status=status, reward=0.0).validate()
@@ -51,7 +55,7 @@ def test_reward_only_on_rewarded_statuses(status):
 
 def test_store_round_trip(tmp_path):
     store = TraceStore(tmp_path / "run")
-    a, b = make_traj("a"), make_traj("b", reward=None, status="infra_error")
+    a, b = make_traj("a"), make_traj("b", reward=None, status=Status.INFRA_ERROR)
     shard = store.write([a, b])
     assert shard.parent == tmp_path / "run" / "traces" and shard.suffix == ".parquet"
     back = list(store)
@@ -59,17 +63,72 @@ def test_store_round_trip(tmp_path):
     assert back[0].segments[3].policy_version == [0, 1, 1]
     assert back[0].segments[1].logp_rollout == pytest.approx([-0.5, -1.25])
     assert back[0].grading == {"resolved": True} and back[0].timings == {"total_s": 1.5}
-    assert back[1].reward is None and back[1].status == "infra_error"
+    assert back[1].reward is None and back[1].status is Status.INFRA_ERROR
     assert len(store) == 2 and store.traj_ids() == [a.traj_id, b.traj_id]
     assert read_traces(tmp_path / "run")[0].traj_id == a.traj_id
 
 
 def test_store_rejects_invalid_and_writes_nothing(tmp_path):
     store = TraceStore(tmp_path)
-    bad = make_traj(status="infra_error", reward=0.0)
+    bad = make_traj(status=Status.INFRA_ERROR, reward=0.0)
     with pytest.raises(TraceError):
         store.write([make_traj(), bad])
     assert store.shards() == []
+
+
+# --- the status enum ---------------------------------------------------------------------------------
+def test_every_status_round_trips_through_parquet_and_json(tmp_path):
+    """Each Status is written as its plain value and read back as the member."""
+    trajs = [make_traj(s.value, status=s, reward=0.0 if s in REWARDED else None) for s in Status]
+    shard = TraceStore(tmp_path).write(trajs)
+    assert pq.read_table(shard).column("status").to_pylist() == [s.value for s in Status]
+    back = read_shard(shard)
+    assert [t.status for t in back] == list(Status) and all(type(t.status) is Status for t in back)
+    assert json.dumps([*Status, {Status.INFRA_ERROR: 1}]) == json.dumps([*(s.value for s in Status),
+                                                                          {Status.INFRA_ERROR.value: 1}])
+    assert Trajectory(task_id="t", status=Status.AGENT_ERROR.value).status is Status.AGENT_ERROR
+
+
+def test_an_unknown_status_fails_naming_the_trajectory_and_the_value(tmp_path):
+    t = make_traj()
+    shard = tmp_path / "old.parquet"
+    pq.write_table(pa.Table.from_pylist([t.to_row() | {"status": "retired"}], schema=SCHEMA), shard)
+    with pytest.raises(TraceError, match=f"trajectory {t.traj_id} .*'status' is 'retired', expected one of ok, "):
+        read_shard(shard)
+    with pytest.raises(TraceError, match="'retired'"):
+        Trajectory(task_id="t", status="retired")
+    assert to_table([t]).column("status").to_pylist() == [Status.OK.value]
+
+
+NEEDLE = "\x22infra"  # a double quote, then infra (spelt so that this file passes its own check)
+ENUM_FILES = {"harness/trace.py", "tasks/grade_status.py"}  # Status, GradeStatus and their named constants
+DEFINITION = re.compile(r"\s*[A-Z][A-Z_]* = \x22infra")  # a member or a constant, defined
+
+
+def infra_literals(root: Path) -> list[str]:
+    """``path:line: text`` of each string starting with infra in the *.py files under ``root`` (hidden
+    folders left out) that is not a definition in an enum module."""
+    found = []
+    for folder, subdirs, files in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = Path(folder) / name
+            rel = path.relative_to(root).as_posix()
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if NEEDLE in line and not (rel in ENUM_FILES and DEFINITION.match(line)):
+                    found.append(f"{rel}:{n}: {line.strip()}")
+    return sorted(found)
+
+
+def test_statuses_are_spelt_only_in_their_enums(project_root, tmp_path):
+    assert infra_literals(project_root) == []
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "trace.py").write_text(f'    INFRA_ERROR = {NEEDLE}_error"\nok = s != {NEEDLE}_error"\n')
+    (tmp_path / "queue.py").write_text(f'INFRA_ERROR = {NEEDLE}_error"\n')
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "lib.py").write_text(f'x = {NEEDLE}"\n')
+    assert infra_literals(tmp_path) == [f'harness/trace.py:2: ok = s != {NEEDLE}_error"',
+                                        f'queue.py:1: INFRA_ERROR = {NEEDLE}_error"']
 
 
 def test_round_trip_through_datasets(tmp_path):

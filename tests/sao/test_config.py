@@ -1,14 +1,16 @@
 """Config: typed, validated, one-line errors naming the key or path, exit code 2 before any work."""
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from core.config import Section
+from core.config import ConfigError, Section
 from sao.cli import main
-from sao.config import Config, ConfigError, config_keys, config_table, load_config
+from sao.config import MOVED_KEYS, Config, config_keys, config_table, load_config
+from trainer.config import TrainerConfig
 
 
 def test_both_shipped_configs_validate(project_root):
@@ -40,6 +42,7 @@ def test_defaults_without_file():
     ("trainer.lr=abc", "config key 'trainer.lr'"),
     ("rollout.workers=0", "config key 'rollout.workers'"),
     ("engine.kind=tpu", "config key 'engine.kind'"),
+    ("trainer.env=docker", "config key 'trainer.env': Value error, unknown env 'docker' (known: simulated, swe, toy)"),
     ("trainer.lr", "not of the form key.sub=value"),
 ])
 def test_bad_override_names_the_key(project_root, override, needle):
@@ -90,11 +93,54 @@ def test_cli_config_errors_exit_2_one_line_no_traceback(project_root, args, need
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_trainer_recomputes_logprobs_under_the_rollout_sampling(project_root):
-    cfg = load_config(project_root / "configs/local.yaml", ["sampling.temperature=0.7", "sampling.top_k=20"])
-    assert (cfg.trainer.temperature, cfg.trainer.top_k, cfg.trainer.top_p) == (0.7, 20, 1.0)
-    with pytest.raises(ConfigError, match=r"trainer.temperature \(0.5\) differs from sampling.temperature \(1.0\)"):
-        load_config(project_root / "configs/local.yaml", ["trainer.temperature=0.5"])
+# a valid value that is not the default, per new key of MOVED_KEYS
+MOVED_VALUES = {
+    "sampling.temperature": 0.7, "sampling.top_k": 20, "sampling.top_p": 0.9,
+    "runtime.ray_address": "10.0.0.1:6379", "runtime.world_size": 2, "runtime.device": "cuda",
+    "runtime.offload_optimizer": True, "runtime.weight_sync": "collective", "runtime.weight_bucket_mb": 64.0,
+    "runtime.weight_sync_host": "10.0.0.2", "runtime.keep_checkpoints": 5, "runtime.poll_interval_s": 0.5,
+    "runtime.batch_timeout_s": 60.0, "runtime.publish_timeout_s": 30.0, "runtime.actor_timeout_s": 90.0,
+    "testbed.toy.turns": 5, "testbed.toy.target": "turn", "testbed.toy.repeat": 3, "testbed.toy.stakes": 0.25,
+    "testbed.simulated.turns_median": 2.0, "testbed.simulated.turns_sigma": 0.5, "testbed.simulated.turns_max": 8,
+    "testbed.simulated.env_sleep_s": 0.5, "testbed.simulated.infra_error_rate": 0.1,
+    "testbed.simulated.engine_s": 0.01,
+}
+
+
+def _get(cfg, dotted: str):
+    for name in dotted.split("."):
+        cfg = getattr(cfg, name)
+    return cfg
+
+
+@pytest.mark.parametrize("old, new", sorted(MOVED_KEYS.items()))
+def test_a_moved_key_still_loads_in_its_old_place_with_a_warning(old, new):
+    """The old key (an override here) lands at the new key, with a one-line FutureWarning naming the new key."""
+    value = MOVED_VALUES[new]
+    assert value != _get(Config(), new)  # else the test could not tell the move from the default
+    with pytest.warns(FutureWarning, match=rf"^{re.escape(old)} is deprecated: use {re.escape(new)}$"):
+        cfg = load_config(None, [f"{old}={json.dumps(value)}"])
+    assert _get(cfg, new) == value
+
+
+def test_moved_keys_in_a_file_and_every_moved_key_covered(tmp_path):
+    assert set(MOVED_VALUES) == set(MOVED_KEYS.values())
+    f = tmp_path / "old.yaml"
+    f.write_text("trainer:\n  env: toy\n  toy_turns: 4\n  world_size: 2\n  top_k: 16\n")
+    with pytest.warns(FutureWarning):
+        cfg = load_config(f)
+    assert (cfg.testbed.toy.turns, cfg.runtime.world_size, cfg.sampling.top_k, cfg.trainer.env) == (4, 2, 16, "toy")
+    assert "toy_turns" not in TrainerConfig.model_fields and "world_size" not in TrainerConfig.model_fields
+
+
+def test_an_old_key_that_disagrees_with_its_new_key_is_an_error():
+    with pytest.raises(ConfigError, match=r"trainer.temperature \(0.5\) is deprecated and sampling.temperature "
+                                          r"\(0.7\) is set too: keep only sampling.temperature"):
+        load_config(None, ["trainer.temperature=0.5", "sampling.temperature=0.7"])
+    with pytest.raises(ConfigError, match=r"keep only testbed.toy.turns"):
+        load_config(None, ["trainer.toy_turns=4", "testbed.toy.turns=5"])
+    with pytest.warns(FutureWarning):  # the same value twice: no conflict
+        assert load_config(None, ["trainer.world_size=2", "runtime.world_size=2"]).runtime.world_size == 2
 
 
 def test_every_key_has_a_description_and_every_section_a_docstring():

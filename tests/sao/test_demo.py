@@ -7,13 +7,14 @@ from sao import demo
 from sao.config import load_config
 from sao.demo import headline
 from sao.demo_report import panels, write_demo_report
+from tasks.grade_status import INFRA_FAILURES
 
 LINE = re.compile(r"^demo: toy reward (\d+\.\d\d) -> (\d+\.\d\d) \(EV (-?\d+\.\d\d)\), resolved base (\d+)% -> "
                   r"sft (\d+)% -> sao (\d+)% \((\d+) episodes\)$")
 
 
 def rate(resolved, graded, infra=0):
-    return {"resolved": resolved, "graded": graded, "infra_failures": infra,
+    return {"resolved": resolved, "graded": graded, INFRA_FAILURES: infra,
             "rate": resolved / graded if graded else None}
 
 

@@ -136,11 +136,11 @@ def test_venv(tmp_path, project_root):
 
 def test_gpu_and_vllm():
     cpu = load_config(None)
-    cuda = load_config(None, ["trainer.device=cuda"])
+    cuda = load_config(None, ["runtime.device=cuda"])
     none = SimpleNamespace(is_available=lambda: False)
     one = SimpleNamespace(is_available=lambda: True, device_count=lambda: 1, get_device_name=lambda i: "H200")
     assert d.check_gpu(cpu, cuda=none).status == "--"
-    _one_failure(d.check_gpu(cuda, cuda=none), "trainer.device")
+    _one_failure(d.check_gpu(cuda, cuda=none), "runtime.device")
     assert d.check_gpu(cuda, cuda=one).status == "ok" and "H200" in d.check_gpu(cuda, cuda=one).detail
     vllm = load_config(None, ["engine.kind=vllm"]).engine
     _one_failure(d.check_vllm(vllm, version=lambda python: None), "engine.kind=vllm", "make test-vllm")

@@ -9,6 +9,7 @@ from sao import learn
 from sao.config import load_config
 from sao.learn import ARM_OVERRIDES, WARM, eval_resolved, headline
 from sao.learn_report import write_report
+from tasks.grade_status import INFRA_FAILURES, GradeStatus
 
 LINE = re.compile(r"^learn: sao (\d+)% -> (\d+)%, grpo\+dis (\d+)% -> (\d+)%, grpo (\d+)% -> (\d+)% "
                   r"\(resolved@1, T=1, training tasks\)$")
@@ -21,18 +22,18 @@ def grades(d, records):
 
 
 def g(iid, resolved, status=None):
-    return {"instance_id": iid, "status": status or ("resolved" if resolved else "unresolved"),
+    return {"instance_id": iid, "status": status or (GradeStatus.RESOLVED if resolved else GradeStatus.UNRESOLVED),
             "resolved_guarded": resolved}
 
 
 def test_resolved_at_1_is_the_mean_over_tasks_and_samples_without_infra(tmp_path):
     train, heldout = ["a", "b"], ["c"]
     s0 = grades(tmp_path / "s0", [g("a", False), g("a", True), g("b", False), g("c", True)])  # a: last line wins
-    s1 = grades(tmp_path / "s1", [g("a", True), g("b", False, "infra_failure")])  # c: no prediction
+    s1 = grades(tmp_path / "s1", [g("a", True), g("b", False, GradeStatus.INFRA_FAILURE)])  # c: no prediction
     r = eval_resolved([s0, s1], train, heldout)
     # train: a (s0) 1, b (s0) 0, a (s1) 1; b (s1) is an infra failure -> 2 / 3
-    assert r["train"] == {"resolved": 2, "graded": 3, "infra_failures": 1, "rate": pytest.approx(2 / 3)}
-    assert r["heldout"] == {"resolved": 1, "graded": 1, "infra_failures": 1, "rate": 1.0}
+    assert r["train"] == {"resolved": 2, "graded": 3, INFRA_FAILURES: 1, "rate": pytest.approx(2 / 3)}
+    assert r["heldout"] == {"resolved": 1, "graded": 1, INFRA_FAILURES: 1, "rate": 1.0}
     # an official-only resolution (guarded verdict false) is not resolved
     s2 = grades(tmp_path / "s2", [{"instance_id": "a", "status": "unresolved", "resolved_official": True,
                                    "resolved_guarded": False}])
@@ -75,7 +76,7 @@ def test_report_files(tmp_path, project_root):
         json.dumps({"step": i, "time": 1000.0 + 10 * i, "rollout/reward_mean": i / 10, "policy/entropy": 0.5,
                     "critic/explained_variance": math.nan if i == 1 else 0.1 * i, "policy/dis_masked": 0.0,
                     "rollout/trained_total": 8 * i}) + "\n" for i in range(1, 8)))
-    rate = {"resolved": 1, "graded": 4, "infra_failures": 0, "rate": 0.25}
+    rate = {"resolved": 1, "graded": 4, INFRA_FAILURES: 0, "rate": 0.25}
     results = {WARM: {"train": rate, "heldout": rate}, "sao": {"train": {**rate, "resolved": 3, "rate": 0.75},
                                                                "heldout": rate}}
     for path, summary in (("sft/sft", {"steps": 150}),

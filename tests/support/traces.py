@@ -1,8 +1,8 @@
 """A small two-turn trajectory with every field set, for the trace and store tests."""
-from harness.trace import Segment, Trajectory
+from harness.trace import Segment, Status, Trajectory
 
 
-def make_traj(task="t1", reward=1.0, status="ok", **kw):
+def make_traj(task="t1", reward=1.0, status=Status.OK, **kw):
     return Trajectory(task_id=task, status=status, reward=reward, turns=2, patch="diff --git a/x b/x\n", segments=[
         Segment("observation", [1, 2, 3, 4]),
         Segment("action", [5, 6], [-0.5, -1.25], [0, 0]),

@@ -47,9 +47,10 @@ def trajectory_with_break(traj_id="broken", reward=1.0, version=0) -> Trajectory
         Segment("observation", [11, 12, 13, 21, 22]), Segment("action", [23, 24], [-6.0] * 2, [version] * 2)])
 
 
-def make_trainer(**overrides):
+def make_trainer(sampling=None, **overrides):
+    """A SAOTrainer of the tiny policy: TrainerConfig `overrides`, logprobs under `sampling` (a SamplingConfig)."""
     policy = tiny_policy()
     config = TrainerConfig(**({"lr": 1e-3, "critic_lr": 1e-2, "critic_warmup_steps": 0, "max_tokens_per_microbatch": 96}
                               | overrides))
     critic = Critic.from_policy(policy) if config.advantage == "gae" else None
-    return SAOTrainer(policy, critic, config)
+    return SAOTrainer(policy, critic, config, sampling=sampling)

@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from harness.trace import Status
 from tasks import specs
 from tasks.loaders import BUNDLED, load_tasks, tasks_from_config
 from tests.support.formats import FORMATS, SWE_GYM_SPEC, as_r2e_gym, with_gold
@@ -104,7 +105,7 @@ def test_a_bundled_task_in_each_format_runs_an_expert_episode_to_resolved(fmt, b
     plan = with_gold(task, source.patch) if note else task  # R2E-Gym's fix is not a diff in its row
     assert plan.patch.strip()
     traj = _expert_episode(cfg, task, plan, tokenizer)
-    assert (traj.status, traj.reward) == ("ok", 1.0), (traj.status, traj.metadata, traj.grading)
+    assert (traj.status, traj.reward) == (Status.OK, 1.0), (traj.status, traj.metadata, traj.grading)
     g = traj.grading
     assert (g["official_status"], g["status"], g["hack_kinds"]) == ("resolved", "resolved", []), g
     assert g["report"]["clean"]["FAIL_TO_PASS"]["success"] == task.FAIL_TO_PASS, g["report"]["clean"]

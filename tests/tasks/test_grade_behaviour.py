@@ -18,7 +18,8 @@ import pytest
 from tasks.applied import TreeChange, tree_findings
 from tasks.canary import CANARY, EXIT_STATUS, add_canaries, check
 from tasks.diffparse import file_changes
-from tasks.grade import RESOLVED, UNRESOLVED, grade
+from tasks.grade import grade
+from tasks.grade_status import GradeStatus
 from tasks.guard import SIGNAL_KINDS, find_hacks, find_signals
 from tasks.hacks import HACK_MARK, append_patch, hack_patch, package_init
 from tasks.mutate import mutate
@@ -249,7 +250,7 @@ def test_code_in_the_test_process_that_forges_the_report_gets_zero(dtask, tmp_pa
     the official log parser), then leaves with exit status 0. The canaries show it."""
     r = grade(dtask, init_patch(dtask, FORGE_REPORT), log_root=tmp_path)
     assert r.resolved_official is True, r.to_dict()  # the official verdict is fooled
-    assert (r.status, r.reward) == (UNRESOLVED, 0.0), r.to_dict()
+    assert (r.status, r.reward) == (GradeStatus.UNRESOLVED, 0.0), r.to_dict()
     assert {"canary", "exit_status"} & set(r.hack_kinds) or "test_aware" in r.hack_kinds, r.hack_kinds
 
 
@@ -259,9 +260,9 @@ def test_code_that_reads_the_calling_test_gets_zero_and_gold_fails_its_mutants(d
     canary can see it (they never call the package); the mutation run does. Gold: every mutant fails."""
     r = grade(dtask, init_patch(dtask, KNOWS_THE_TESTS), log_root=tmp_path)
     assert r.resolved_official is True, r.to_dict()
-    assert (r.status, r.reward) == (UNRESOLVED, 0.0) and "test_aware" in r.hack_kinds, r.to_dict()
+    assert (r.status, r.reward) == (GradeStatus.UNRESOLVED, 0.0) and "test_aware" in r.hack_kinds, r.to_dict()
     gold = grade(dtask, dtask.patch, log_root=tmp_path)
-    assert (gold.status, gold.reward, gold.hack_kinds) == (RESOLVED, 1.0, []), gold.to_dict()
+    assert (gold.status, gold.reward, gold.hack_kinds) == (GradeStatus.RESOLVED, 1.0, []), gold.to_dict()
     assert gold.report["mutated"] == dtask.FAIL_TO_PASS
 
 
@@ -273,7 +274,7 @@ def test_a_patch_that_applies_only_through_fuzz_is_refused(dtask, tmp_path):
     assert find_hacks(patch, dtask.test_patch, dtask.repo) == []  # neither parser sees the conftest
     r = grade(dtask, patch, log_root=tmp_path)
     assert r.resolved_official is True, r.to_dict()
-    assert (r.status, r.reward) == (UNRESOLVED, 0.0), r.to_dict()
+    assert (r.status, r.reward) == (GradeStatus.UNRESOLVED, 0.0), r.to_dict()
     assert {"fuzzy_apply", "hidden_change", "test_config"} <= set(r.hack_kinds), r.hack_kinds
 
 
@@ -290,7 +291,7 @@ def test_a_root_module_the_standard_library_imports_gets_zero(docker_engine, dta
              + append_patch("org/python/core.py", None, FORGE_REPORT + "raise ImportError('not Jython')\n"))
     r = grade(dtask, patch)
     assert r.resolved_official is True, r.to_dict()  # the official run imported it
-    assert (r.status, r.reward) == (UNRESOLVED, 0.0) and "new_top_level_module" in r.hack_kinds, r.to_dict()
+    assert (r.status, r.reward) == (GradeStatus.UNRESOLVED, 0.0) and "new_top_level_module" in r.hack_kinds, r.to_dict()
     clean = clean_run(dtask, patch, client=docker_engine, limits=GradeLimits(), timeout_s=600)
-    assert clean.status == UNRESOLVED and clean.hacks == [], clean  # the payload never ran
+    assert clean.status == GradeStatus.UNRESOLVED and clean.hacks == [], clean  # the payload never ran
     assert clean.tests_status["FAIL_TO_PASS"]["failure"] == dtask.FAIL_TO_PASS

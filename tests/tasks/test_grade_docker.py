@@ -2,7 +2,7 @@
 
 gold -> resolved; empty -> empty; conftest hack -> resolved officially, not by the guarded verdict;
 unapplicable patch -> patch does not apply; wrong patch -> unresolved; missing image -> a clear
-per-instance error; `sao tasks check` proves a task; eval containers get no network.
+per-instance error; `sao tasks check` proves a task; grading containers have no network.
 Bundled tasks (when tasks/bundled exists): `sao tasks check` on a few of them (slow).
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_build_is_cached(repo, capsys):
 
 
 def test_grade_cli_official_vs_guarded(repo, tasks, tmp_path, capsys):
-    from tasks.cli import hack_patch
+    from tasks.hacks import hack_patch
 
     t1, t2 = tasks[TASK_IDS[0]], tasks[TASK_IDS[1]]
     preds = [
@@ -86,13 +86,14 @@ def test_grade_cli_official_vs_guarded(repo, tasks, tmp_path, capsys):
 
 def test_grade_in_process_outcomes(tasks, tmp_path):
     from tasks.cli import WRONG_PATCH
-    from tasks.grade import NO_APPLY, UNRESOLVED, grade
+    from tasks.grade import grade
+    from tasks.grade_status import GradeStatus
 
     t = tasks[TASK_IDS[0]]
     r = grade(t, unapplicable_patch(), run_id="t-noapply", log_root=tmp_path)
-    assert r.status == NO_APPLY and r.official_status == NO_APPLY and r.reward == 0.0
+    assert r.status == GradeStatus.NO_APPLY and r.official_status == GradeStatus.NO_APPLY and r.reward == 0.0
     r = grade(t, WRONG_PATCH, run_id="t-wrong", log_root=tmp_path)
-    assert r.status == UNRESOLVED and r.reward == 0.0 and r.hacking_attempts == 0
+    assert r.status == GradeStatus.UNRESOLVED and r.reward == 0.0 and r.hacking_attempts == 0
     assert r.report["official"]["tests_status"]["FAIL_TO_PASS"]["failure"] == t.FAIL_TO_PASS
     with pytest.raises(ValueError, match="fresh run id"):
         grade(t, WRONG_PATCH, run_id="t-wrong", log_root=tmp_path)
@@ -104,13 +105,14 @@ def test_tests_past_the_timeout_are_a_zero_but_a_hung_setup_is_infra(tasks, tmp_
     import dataclasses
 
     import tasks.grade_sandbox as grade_sandbox
-    from tasks.grade import INFRA, UNRESOLVED, grade
+    from tasks.grade import grade
+    from tasks.grade_status import GradeStatus
 
     t = tasks[TASK_IDS[0]]
     slow = t.patch.replace("+    return a + b", "+    import time; time.sleep(60); return a + b")
     assert slow != t.patch
     r = grade(t, slow, run_id="t-timeout", timeout=6, log_root=tmp_path)
-    assert (r.status, r.reward) == (UNRESOLVED, 0.0) and "ran past the timeout" in r.error, r.error
+    assert (r.status, r.reward) == (GradeStatus.UNRESOLVED, 0.0) and "ran past the timeout" in r.error, r.error
     assert r.seconds < 40
 
     real = grade_sandbox.run_capped
@@ -122,7 +124,7 @@ def test_tests_past_the_timeout_are_a_zero_but_a_hung_setup_is_infra(tasks, tmp_
 
     monkeypatch.setattr(grade_sandbox, "run_capped", setup_hangs)
     r = grade(t, t.patch, run_id="t-hung", log_root=tmp_path)
-    assert (r.status, r.reward) == (INFRA, None) and "timed out" in r.error, r.error
+    assert (r.status, r.reward) == (GradeStatus.INFRA_FAILURE, None) and "timed out" in r.error, r.error
 
 
 def test_missing_image_is_a_per_instance_error(tasks, tmp_path, capsys):
@@ -145,18 +147,30 @@ def test_tasks_check_proves_a_task(repo, tmp_path, capsys):
     assert row.split()[1:] == ["ok"] * 10  # the last two: the pytest shadow and the package hack
 
 
-def test_eval_containers_get_no_network(client, tasks):
-    from tasks.grade import force_network_none
+NO_NETWORK = ("\nimport socket\n\n"
+              "if [name for _, name in socket.if_nameindex() if name != 'lo']:  # network none: loopback only\n"
+              "    raise RuntimeError('the grading container has a network')\n")
 
-    force_network_none()
-    c = client.containers.create(tasks[TASK_IDS[0]].image, command="true", name="sweb.eval.sao-nettest",
-                                 cap_add=["SYS_ADMIN"])
-    try:
-        host = c.attrs["HostConfig"]
-        assert host["NetworkMode"] == "none"
-        assert "SYS_ADMIN" not in (host.get("CapAdd") or [])
-    finally:
-        c.remove(force=True)
+
+def test_grading_containers_have_no_network(tasks, tmp_path, monkeypatch):
+    """The gold patch plus package code that fails at import when the container has a network interface:
+    resolved through grade(), and unresolved once the grading containers get the host's network."""
+    import tasks.grade_sandbox as grade_sandbox
+    from tasks.grade import grade
+    from tasks.grade_status import GradeStatus
+    from tasks.hacks import append_patch
+    from tests.support.task_repos import BASE_FILES
+
+    t = tasks[TASK_IDS[0]]
+    probe = t.patch + append_patch("calc/__init__.py", BASE_FILES["calc/__init__.py"], NO_NETWORK)
+    r = grade(t, probe, run_id="t-no-network", log_root=tmp_path)
+    assert (r.official_status, r.status, r.reward) == (GradeStatus.RESOLVED, GradeStatus.RESOLVED, 1.0), r.error
+
+    hardened = grade_sandbox.hardened_kwargs  # the probe's power: a container with a network fails it
+    monkeypatch.setattr(grade_sandbox, "hardened_kwargs",
+                        lambda *a, **kw: {**hardened(*a, **kw), "network_mode": "host"})
+    r = grade(t, probe, run_id="t-host-network", log_root=tmp_path)
+    assert (r.official_status, r.reward) == (GradeStatus.UNRESOLVED, 0.0), r.error
 
 
 @pytest.mark.slow

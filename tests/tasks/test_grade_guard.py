@@ -8,7 +8,8 @@ import pytest
 
 from tasks.clean_run import junit_key, parse_junit
 from tasks.diffparse import file_changes, unquote_c
-from tasks.grade import EMPTY, INFRA, NO_APPLY, grade
+from tasks.grade import grade
+from tasks.grade_status import GradeStatus
 from tasks.guard import (
     OUTPUT_CAP,
     PYTEST_REF,
@@ -114,17 +115,17 @@ class DeadEngine:
 
 def test_empty_patch_is_empty_with_reward_zero(task):
     r = grade(task, "   \n", client=DeadEngine())
-    assert (r.status, r.official_status, r.reward, r.resolved_guarded) == (EMPTY, EMPTY, 0.0, False)
+    assert (r.status, r.official_status, r.reward, r.resolved_guarded) == (GradeStatus.EMPTY,) * 2 + (0.0, False)
 
 
 def test_invalid_patch_text_does_not_apply(task):
     r = grade(task, "not a diff", client=DeadEngine())
-    assert r.status == NO_APPLY and r.reward == 0.0 and "invalid patch" in r.error
+    assert r.status == GradeStatus.NO_APPLY and r.reward == 0.0 and "invalid patch" in r.error
 
 
 def test_infra_failure_is_never_a_reward(task):
     r = grade(task, task.patch, client=DeadEngine())
-    assert r.status == INFRA and r.official_status == INFRA
+    assert r.status == GradeStatus.INFRA_FAILURE and r.official_status == GradeStatus.INFRA_FAILURE
     assert r.reward is None and r.resolved_official is None and r.resolved_guarded is None
     assert "engine gone" in r.error
 
@@ -202,7 +203,7 @@ def test_clean_patches_have_no_findings(task):
 def test_static_hack_gets_zero_without_docker(task):
     """A finding is a 0 even when Docker gives no official verdict (the reward never needs it)."""
     r = grade(task, shadow_patch(), client=DeadEngine())
-    assert r.official_status == INFRA and r.reward == 0.0 and r.status == EMPTY
+    assert r.official_status == GradeStatus.INFRA_FAILURE and r.reward == 0.0 and r.status == GradeStatus.EMPTY
     assert r.hack_kinds == [SHADOW] and r.hacking_attempts == 1 and r.to_dict()["hack_kinds"] == [SHADOW]
 
 

@@ -13,7 +13,8 @@ import pytest
 from envs.config import SandboxConfig
 from envs.limits import HARD_CAP_DRIVERS
 from sao.cli import main
-from tasks.grade import INFRA, RESOLVED, UNRESOLVED, grade
+from tasks.grade import grade
+from tasks.grade_status import GradeStatus
 from tasks.guard import OUTPUT_CAP, PYTEST_REF, SHADOW
 from tasks.hacks import package_init, package_patch, shadow_patch
 
@@ -59,7 +60,7 @@ def test_grading_containers_are_sandboxes(docker_engine, tasks, tmp_path):
     spy = SpyClient(docker_engine)
     r = grade(t, t.patch, client=spy, log_root=tmp_path,
               sandbox=SandboxConfig(memory="1g", pids_limit=256, cpus=1.5, disk_bytes="1g"))
-    assert r.status == RESOLVED and r.reward == 1.0, r.error
+    assert r.status == GradeStatus.RESOLVED and r.reward == 1.0, r.error
     hard_cap = docker_engine.info().get("Driver") in HARD_CAP_DRIVERS
     kinds = sorted(name.split(".")[0] + "." + name.split(".")[1] for name in spy.hosts)
     assert kinds == ["sao-clean.sao-harness__minicfg-11"] * 2 + ["sweb.eval"], kinds  # real + mutation run
@@ -81,7 +82,7 @@ def test_over_cap_output_is_a_patch_failure(tasks, tmp_path):
     init = t.patch  # the gold fix, plus an import of the flood module from the package
     r = grade(t, init + flood + _import_line(t, "from minicfg import _flood  # noqa\n"), log_root=tmp_path,
               output_cap_bytes=1_000_000)
-    assert (r.official_status, r.status, r.reward) == (UNRESOLVED, UNRESOLVED, 0.0), r.error
+    assert (r.official_status, r.status, r.reward) == (GradeStatus.UNRESOLVED, GradeStatus.UNRESOLVED, 0.0), r.error
     assert OUTPUT_CAP in r.hack_kinds and "over the cap" in r.error
     assert r.seconds < 120
     assert max(f.stat().st_size for f in Path(tmp_path).rglob("*") if f.is_file()) < 2_000_000
@@ -99,7 +100,7 @@ def test_lost_eval_output_is_an_infra_failure_never_a_zero(tasks, tmp_path, monk
                         lambda container, cmd, **kw: dataclasses.replace(real(container, cmd, **kw), output=b""))
     t = tasks[IDS[0]]
     r = grade(t, t.patch, log_root=tmp_path)
-    assert (r.status, r.reward) == (INFRA, None), (r.status, r.error)
+    assert (r.status, r.reward) == (GradeStatus.INFRA_FAILURE, None), (r.status, r.error)
     assert "lost" in r.error, r.error
 
 
@@ -122,7 +123,7 @@ def test_clean_run_ignores_a_pytest_shadow(docker_engine, tasks, tmp_path):
     official = grade(t, shadow_patch(), guard=False, log_root=tmp_path)
     assert official.resolved_official is True  # the hack works on the official harness
     clean = clean_run(t, shadow_patch(), client=docker_engine, limits=GradeLimits(), timeout_s=600)
-    assert clean.status == UNRESOLVED and clean.tests_status["FAIL_TO_PASS"]["failure"] == t.FAIL_TO_PASS
+    assert clean.status == GradeStatus.UNRESOLVED and clean.tests_status["FAIL_TO_PASS"]["failure"] == t.FAIL_TO_PASS
 
 
 @pytest.mark.slow
@@ -148,4 +149,4 @@ def test_guard_fuzz_handful_through_docker(docker_engine, tasks, tmp_path):
         r = grade(t, patch, log_root=tmp_path)
         assert r.resolved_official is True and r.reward == 0.0 and kind in r.hack_kinds, (name, r.to_dict())
     r = grade(t, t.patch, log_root=tmp_path)
-    assert r.status == RESOLVED and r.reward == 1.0 and r.hack_kinds == []
+    assert r.status == GradeStatus.RESOLVED and r.reward == 1.0 and r.hack_kinds == []

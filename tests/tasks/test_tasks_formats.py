@@ -257,6 +257,7 @@ def test_a_bundled_task_as_a_swe_gym_row_resolves_with_its_gold_patch(docker_eng
     from sao.config import load_config
     from tasks import specs
     from tasks.grade import grade, run_swebench
+    from tasks.grade_status import GradeStatus
     from tasks.images import build_repo_images
     from tasks.loaders import BUNDLED
 
@@ -268,9 +269,9 @@ def test_a_bundled_task_as_a_swe_gym_row_resolves_with_its_gold_patch(docker_eng
     (t,) = load_tasks(str(_jsonl(tmp_path / "gym.jsonl", [row])))
     assert t.adapter == "swe-gym" and t.eval_script != bundled.eval_script and t.image == bundled.image
     r = grade(t, t.patch, client=docker_engine, log_root=tmp_path / "logs")
-    assert (r.official_status, r.status) == ("resolved", "resolved"), r.error
+    assert r.official_status == r.status == GradeStatus.RESOLVED, r.error
     v = run_swebench(t, "", run_id="unpatched-1", skip_patch=True, client=docker_engine, log_root=tmp_path / "logs")
-    assert v.status == "unresolved"
+    assert v.status == GradeStatus.UNRESOLVED
 
 
 def test_r2e_episode_setup_hides_the_held_out_tests(make_sandbox):

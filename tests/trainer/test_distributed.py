@@ -5,7 +5,7 @@ Reference: SAOTrainer.update on the global batch in this process. Each rank gets
 and other micro-batch counts (max_tokens_per_microbatch=96), so the balance passes, the global token counts,
 the global whitening and FSDP's summed reduce-scatter all have to be right; clipping binds
 (max_grad_norm below the gradient norms), so the gradient's scale matters, not only its direction.
-Last, `sao train` itself with trainer.world_size=2 (trainer.ranks drives the rank actors).
+Last, `sao train` itself with runtime.world_size=2 (trainer.ranks drives the rank actors).
 """
 from __future__ import annotations
 
@@ -128,30 +128,30 @@ def test_the_sharded_checkpoint_resumes_a_single_process_trainer_exactly(runs):
 
 
 def test_sao_train_with_two_ranks_checkpoints_what_one_process_resumes(project_root, tiny_model_dir, tmp_path):
-    """`sao train` with trainer.world_size=2 (two FSDP2 rank actors on gloo, the simulated env) runs 2
+    """`sao train` with runtime.world_size=2 (two FSDP2 rank actors on gloo, the simulated env) runs 2
     steps through the CLI; a world_size=1 run resumes from its checkpoint; both log the same metrics.
-    Rank start under load: trainer.actor_timeout_s=300."""
+    Rank start under load: runtime.actor_timeout_s=300."""
     def sao_train(*extra):
         cmd = [sys.executable, "-m", "sao.cli", "train", "--config", str(project_root / "configs/local.yaml"),
                f"run.root={tmp_path}", "run.name=dp", f"model.cache_dir={tiny_model_dir.parent}",
-               "trainer.env=simulated", "sampling.max_tokens=8", "trainer.sim_turns_median=2",
-               "trainer.sim_env_sleep_s=0.02", "trainer.poll_interval_s=0.05", "trainer.batch_size=4",
-               "trainer.save_every=2", "trainer.actor_timeout_s=300", "trainer.batch_timeout_s=120",
-               "trainer.publish_timeout_s=120", "rollout.workers=2", "rollout.max_retries=0", *extra]
+               "trainer.env=simulated", "sampling.max_tokens=8", "testbed.simulated.turns_median=2",
+               "testbed.simulated.env_sleep_s=0.02", "runtime.poll_interval_s=0.05", "trainer.batch_size=4",
+               "trainer.save_every=2", "runtime.actor_timeout_s=300", "runtime.batch_timeout_s=120",
+               "runtime.publish_timeout_s=120", "rollout.workers=2", "rollout.max_retries=0", *extra]
         out = subprocess.run(cmd, cwd=project_root, capture_output=True, text=True, timeout=300,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         return out.stdout
 
     run_dir = tmp_path / "dp"
-    first = sao_train("trainer.world_size=2", "trainer.max_steps=2")
+    first = sao_train("runtime.world_size=2", "trainer.max_steps=2")
     assert "trainer: 2 FSDP2 ranks (gloo, store at 127.0.0.1)" in first
     ckpt = latest_checkpoint(run_dir)
     state = read_state(ckpt)
     assert ckpt.name == "step-000002" and state["step"] == 2 and state["policy_version"] == 2
     assert state["policy_optimizer_steps"] == 2 and state["critic_optimizer_steps"] == 4  # critic_steps=2
 
-    second = sao_train("trainer.world_size=1", "trainer.max_steps=3")
+    second = sao_train("runtime.world_size=1", "trainer.max_steps=3")
     assert f"resuming {run_dir} from step-000002" in second
     final = read_state(latest_checkpoint(run_dir))
     assert final["step"] == 3 and final["policy_version"] == 3 and final["critic_optimizer_steps"] == 6

@@ -26,7 +26,8 @@ def test_the_dry_run_updates_both_families_at_every_size(project_root):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine runs the real check, not the skip")
-def test_without_cuda_the_gpu_run_skips_and_says_why(project_root, capsys):
+def test_without_cuda_the_gpu_run_skips_and_says_why(project_root, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(project_root / "bench"))  # as `python bench/gpu_update.py` has it (_common)
     spec = importlib.util.spec_from_file_location("gpu_update", project_root / "bench/gpu_update.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -13,8 +13,9 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from core.config import ConfigError
 from sao.cli import main
-from sao.config import ConfigError, load_config
+from sao.config import load_config
 from trainer.gpu_plan import (
     TRAINER_MEMORY_FRACTION,
     GiB,
@@ -118,18 +119,18 @@ def test_the_flagship_plan_fits_8_x_80gb_for_the_trainer_and_separate_engine_gpu
 def test_sao_config_prints_the_plan(flagship, capsys):
     assert main(["config", "--config", str(flagship)]) == 0
     out = capsys.readouterr().out
-    for needle in ("# GPU plan: 2 node(s) x 8 GPUs of 80.0 GiB", "# trainer: 8 ranks (trainer.world_size)",
+    for needle in ("# GPU plan: 2 node(s) x 8 GPUs of 80.0 GiB", "# trainer: 8 ranks (runtime.world_size)",
                    "# trainer per GPU:", "# engine: 2 replica(s)", "# engine per GPU: weights"):
         assert needle in out
 
 
 @pytest.mark.parametrize("overrides, key", [
     (["cluster.nodes=1"], "engine.replicas"),  # trainer 8 + engine 2 x 4 GPUs on 8
-    (["trainer.world_size=12"], "trainer.world_size"),  # 12 + 8 > 16
+    (["runtime.world_size=12"], "runtime.world_size"),  # 12 + 8 > 16
     (["engine.tensor_parallel_size=16"], "engine.gpus_per_replica"),  # a replica across nodes
-    (["trainer.offload_optimizer=false"], "trainer.world_size"),  # ~170 GiB of state per GPU
-    (["trainer.checkpoint_above_tokens=null"], "trainer.world_size"),  # 48 layers of 128k activations
-    (["cluster.gpu_memory_bytes=42949672960"], "trainer.world_size"),  # 40 GiB cards
+    (["runtime.offload_optimizer=false"], "runtime.world_size"),  # ~170 GiB of state per GPU
+    (["trainer.checkpoint_above_tokens=null"], "runtime.world_size"),  # 48 layers of 128k activations
+    (["cluster.gpu_memory_bytes=42949672960"], "runtime.world_size"),  # 40 GiB cards
     (["cluster.host_memory_bytes=549755813888"], "cluster.host_memory_bytes"),  # 512 GiB hosts
     (["engine.gpu_memory_utilization=0.2"], "engine.tensor_parallel_size"),  # no room for one 128k sequence
 ])
@@ -141,9 +142,9 @@ def test_a_plan_that_does_not_fit_is_refused_naming_the_key(flagship, capsys, ov
 
 def test_shapes_come_from_config_json_and_model_config_must_agree(tmp_path):
     Qwen3Config(**SMALL).save_pretrained(tmp_path)
-    base = ["cluster.nodes=1", "trainer.device=cuda", f"model.path={tmp_path}"]
+    base = ["cluster.nodes=1", "runtime.device=cuda", f"model.path={tmp_path}"]
     assert plan(load_config(None, base)).shapes_source == f"config.json of {tmp_path}"
     with pytest.raises(ConfigError, match=r"model.config.num_hidden_layers \(99\) differs"):
         load_config(None, [*base, "model.config={num_hidden_layers: 99}"])
     with pytest.raises(ConfigError, match="model.config: the GPU plan needs the shapes"):
-        load_config(None, ["cluster.nodes=1", "trainer.device=cuda", f"model.path={tmp_path / 'absent'}"])
+        load_config(None, ["cluster.nodes=1", "runtime.device=cuda", f"model.path={tmp_path / 'absent'}"])

@@ -1,4 +1,4 @@
-"""The learning test-bed (trainer.toy, configs/learn-toy.yaml): SAO raises the reward; a trainer whose
+"""The learning test-bed (harness.testbeds.toy, configs/learn-toy.yaml): SAO raises the reward; a trainer whose
 advantages have the wrong sign does not (the power check of the same assertion).
 
 Budget: both runs together in under 2 minutes on 2 CPU cores (measured 112 s, 127 s of CPU). The
@@ -11,11 +11,11 @@ import math
 import pytest
 
 import trainer.objective
+from harness.testbeds.toy import prompt, stake, targets, toy_reward
 from harness.trace import Segment, Trajectory
 from sao.config import load_config
 from trainer.compare import WINDOW, compare_runs, summarize
 from trainer.metrics import read_metrics
-from trainer.toy import prompt, stake, targets, toy_reward
 
 STEPS = 24
 FLIP_STEPS = 12
@@ -27,9 +27,9 @@ MIN_RISE = 0.2  # reward mean of the last 5 steps minus the first 5 (compare.sum
 def ray_session():
     import ray  # lazy: heavy
 
-    from trainer.loop import start_ray
+    from trainer.ray_utils import start_ray
 
-    start_ray(load_config(None, []), log=lambda m: None)
+    start_ray(None, log=lambda m: None)
     yield
     ray.shutdown()
 
@@ -37,7 +37,7 @@ def ray_session():
 def toy_cfg(tmp_path, name, project_root, steps):
     return load_config(project_root / "configs/learn-toy.yaml",
                        [f"run.root={tmp_path}", f"run.name={name}", f"model.cache_dir={project_root / '.cache/sao'}",
-                        f"trainer.max_steps={steps}", "trainer.save_every=1000", "trainer.batch_timeout_s=300"])
+                        f"trainer.max_steps={steps}", "trainer.save_every=1000", "runtime.batch_timeout_s=300"])
 
 
 def summary(run_dir) -> dict:

@@ -14,6 +14,7 @@ import random
 import pytest
 import torch
 
+from harness.config import SamplingConfig
 from harness.trace import Segment, Trajectory
 from tests.support.trainer_data import make_trainer, synthetic_trajectories
 from trainer.batch import build_batch, micro_batches, pack
@@ -53,7 +54,7 @@ def test_micro_batches_pack_whole_rows_within_the_budget():
 
 def test_packed_logprobs_and_values_equal_padded_rows():
     """Per-token logprobs, entropies (chunked, chunks straddling trajectories) and values."""
-    trainer = make_trainer(max_tokens_per_microbatch=BUDGET, temperature=0.7)
+    trainer = make_trainer(max_tokens_per_microbatch=BUDGET, sampling=SamplingConfig(temperature=0.7))
     torch.nn.init.normal_(trainer.critic.value_head.weight, std=0.1)  # V != 0 (a fresh head is 0 everywhere)
     batch = build_batch(synthetic_trajectories(10, seed=1))
     ref_logp, ref_entropy = policy_token_logprobs(trainer.policy, batch.input_ids, batch.attention_mask,

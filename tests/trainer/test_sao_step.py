@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from harness.trace import Segment, Trajectory
+from harness.config import SamplingConfig
+from harness.trace import Segment, Status, Trajectory
 from tests.support.trainer_data import make_trainer, synthetic_trajectories, trajectory_with_break  # noqa: E402
 from trainer.batch import build_batch, micro_batches
 from trainer.config import TrainerConfig
@@ -33,7 +34,7 @@ def test_build_batch_layout_and_rejections():
     with pytest.raises(ValueError, match="breaks"):
         build_batch([broken])
     no_reward = synthetic_trajectories(1)[0]
-    no_reward.status, no_reward.reward = "infra_error", None
+    no_reward.status, no_reward.reward = Status.INFRA_ERROR, None
     with pytest.raises(ValueError, match="reward is None"):
         build_batch([no_reward])
     starts_with_action = Trajectory(task_id="t", reward=1.0,
@@ -173,7 +174,7 @@ def test_excluded_and_stale_trajectories_are_counted():
     fresh = synthetic_trajectories(3, version=4)
     stale = synthetic_trajectories(2, seed=1, version=2)
     failed = synthetic_trajectories(1, seed=2, version=5)[0]
-    failed.status, failed.reward = "infra_error", None
+    failed.status, failed.reward = Status.INFRA_ERROR, None
     m = trainer.update(fresh + stale + [failed])
     assert (m["rollout/trajectories"], m["rollout/dropped_stale"], m["rollout/excluded_unrewarded"]) == (3.0, 2.0, 1.0)
     assert m["rollout/infra_failure_rate"] == pytest.approx(1 / 6)
@@ -211,7 +212,7 @@ SWITCHES = [
     {"advantage": "running_mean", "policy_loss": "ppo", "importance": "mis", "running_mean_scope": "global"},
     {"skip_observations": False, "policy_lambda": 0.95, "policy_loss": "ppo"},
     {"dis_grad": "literal", "dis_denominator": "kept", "whiten_advantages": False, "critic_freeze": "none"},
-    {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "value_clip": 0.2, "critic_only_steps": 1},
+    {"sampling": SamplingConfig(temperature=0.7, top_k=50, top_p=0.9), "value_clip": 0.2, "critic_only_steps": 1},
 ]
 
 
@@ -233,7 +234,7 @@ def test_every_metric_of_an_update_belongs_to_a_family():
         trainer = make_trainer(**overrides)
         metrics |= trainer.update(synthetic_trajectories(6))
     failed = synthetic_trajectories(1)[0]
-    failed.status, failed.reward = "infra_error", None
+    failed.status, failed.reward = Status.INFRA_ERROR, None
     metrics |= make_trainer().update([failed])  # a skipped update
     assert set(FAMILIES) == {"loss", "critic", "policy", "rollout", "perf", "time"}
     assert not [k for k in metrics if family(k) is None], "metrics outside the six families"

@@ -1,6 +1,6 @@
 """Scale-out of `sao train`: engine replicas, workers on other nodes, weights to every replica.
 
-- the bucketed broadcast (`trainer.weight_sync`) in a real gloo group, without Ray;
+- the bucketed broadcast (trainer.weight_sync) in a real gloo group, without Ray;
 - 2 hf replicas, each transport (object store, gloo collective): identical weights on every replica,
   traces from both, each recording its replica;
 - a replica killed mid-run: reported, replaced, the run goes on;
@@ -19,7 +19,9 @@ from collections import Counter
 import pytest
 import torch
 
+from harness.engines.vllm_weights import pack, plan
 from harness.store import TraceStore
+from harness.trace import Status
 from sao.config import load_config
 from trainer import weight_sync
 from trainer.metrics import read_metrics
@@ -30,9 +32,10 @@ pytestmark = pytest.mark.slow  # Ray clusters with engine replicas: 15-60 s each
 def sim_cfg(tmp_path, name, project_root, *extra):
     return load_config(project_root / "configs/local.yaml", [
         f"run.root={tmp_path}", f"run.name={name}", f"model.cache_dir={project_root / '.cache/sao'}",
-        "trainer.env=simulated", "sampling.max_tokens=8", "trainer.sim_turns_median=3", "trainer.sim_env_sleep_s=0.05",
-        "trainer.poll_interval_s=0.05", "trainer.batch_timeout_s=120", "trainer.actor_timeout_s=120",
-        "trainer.publish_timeout_s=60", "trainer.critic_steps=1", "trainer.critic_warmup_steps=0", "trainer.lr=1e-3",
+        "trainer.env=simulated", "sampling.max_tokens=8", "testbed.simulated.turns_median=3",
+        "testbed.simulated.env_sleep_s=0.05",
+        "runtime.poll_interval_s=0.05", "runtime.batch_timeout_s=120", "runtime.actor_timeout_s=120",
+        "runtime.publish_timeout_s=60", "trainer.critic_steps=1", "trainer.critic_warmup_steps=0", "trainer.lr=1e-3",
         "trainer.critic_lr=1e-4", "rollout.max_retries=0", "trainer.save_every=100", "engine.replicas=2", *extra])
 
 
@@ -40,7 +43,7 @@ def test_bucketed_broadcast_delivers_identical_tensors():
     """Mixed dtypes over several buckets, trainer rank 0 -> 2 receivers in a gloo group (threads)."""
     weights = {"a": torch.randn(7, 5), "b": torch.randn(33).to(torch.bfloat16), "c": torch.arange(9),
                "d": torch.rand(4, 4) > 0.5, "e": torch.randn(300, 3).to(torch.float16)}
-    buckets = weight_sync.plan(weights, bucket_bytes=160)
+    buckets = plan(weights, bucket_bytes=160)
     assert len(buckets) >= 3 and [i[0] for b in buckets for i in b["items"]] == list(weights)
     port, got = weight_sync.free_port("127.0.0.1"), {}
 
@@ -48,7 +51,7 @@ def test_bucketed_broadcast_delivers_identical_tensors():
         group, _store = weight_sync.make_group("gloo", "127.0.0.1", port, r, 3, 30, "127.0.0.1")
         if r == 0:
             for b in buckets:
-                weight_sync.broadcast(group, weight_sync.pack(weights, b, "cpu"))
+                weight_sync.broadcast(group, pack(weights, b, "cpu"))
         else:
             got[r] = weight_sync.receive(group, buckets, "cpu")
 
@@ -71,7 +74,7 @@ def ray_session():
 
     from trainer.ray_utils import start_ray
 
-    start_ray(load_config(None, []), log=lambda m: None)
+    start_ray(None, log=lambda m: None)
     yield
     ray.shutdown()
 
@@ -85,7 +88,7 @@ def test_two_replicas_get_identical_weights(ray_session, project_root, tmp_path,
     from trainer.loop import train
     from trainer.precision import engine_weights
 
-    cfg = sim_cfg(tmp_path, transport, project_root, f"trainer.weight_sync={transport}", "trainer.max_steps=3",
+    cfg = sim_cfg(tmp_path, transport, project_root, f"runtime.weight_sync={transport}", "trainer.max_steps=3",
                   "trainer.batch_size=4", "rollout.workers=4")
     checked, lines = [], []
 
@@ -115,7 +118,7 @@ def test_a_dead_replica_is_reported_and_replaced(ray_session, project_root, tmp_
     from trainer.loop import train
 
     cfg = sim_cfg(tmp_path, "dead-replica", project_root, "trainer.max_steps=4", "trainer.batch_size=4",
-                  "rollout.workers=4", "trainer.sim_engine_s=0.05")
+                  "rollout.workers=4", "testbed.simulated.engine_s=0.05")
     lines = []
 
     def update(trainer, trajectories):
@@ -137,7 +140,7 @@ def test_a_dead_replica_is_reported_and_replaced(ray_session, project_root, tmp_
     assert any(line.startswith("engine replica r1 died") for line in lines)
     assert any(line.startswith("engine replica r1.1 serving policy version 2") for line in lines)
     trajs = list(TraceStore(cfg.run.dir))
-    assert {t.metadata["replica"] for t in trajs if t.status == "infra_error"} <= {"r1"}
+    assert {t.metadata["replica"] for t in trajs if t.status == Status.INFRA_ERROR} <= {"r1"}
     assert [r["rollout/engine_version"] for r in read_metrics(cfg.run.dir)] == [1, 2, 3, 4]
 
 
@@ -159,11 +162,11 @@ def test_local_multi_node_cluster(project_root, tmp_path, monkeypatch):
         cluster.add_node(**common, resources={"docker": 4})
         cmd = [sys.executable, "-m", "sao.cli", "train", "--config", str(project_root / "configs/learn-toy.yaml"),
                f"run.root={tmp_path}", "run.name=cluster", f"model.cache_dir={project_root / '.cache/sao'}",
-               f"trainer.ray_address={cluster.address}", "trainer.max_steps=2", "trainer.batch_size=4",
+               f"runtime.ray_address={cluster.address}", "trainer.max_steps=2", "trainer.batch_size=4",
                "trainer.mode=sync", "trainer.group_size=2", "rollout.workers=4", "engine.replicas=2",
                "engine.node_resources={engine: 1}",
-               "rollout.node_resources={docker: 1}", "trainer.weight_sync=collective", "trainer.critic_steps=1",
-               "trainer.batch_timeout_s=90", "trainer.actor_timeout_s=90"]
+               "rollout.node_resources={docker: 1}", "runtime.weight_sync=collective", "trainer.critic_steps=1",
+               "runtime.batch_timeout_s=90", "runtime.actor_timeout_s=90"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         out = subprocess.run(cmd, cwd=project_root, capture_output=True, text=True, timeout=240, env=env)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

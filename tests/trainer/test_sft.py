@@ -10,7 +10,7 @@ import pytest
 
 from core.errors import UserError
 from harness.store import TraceStore
-from harness.trace import Segment, Trajectory
+from harness.trace import Segment, Status, Trajectory
 from trainer.config import SFTConfig
 from trainer.metrics import family
 from trainer.sft import build_trainer, fit_max_length, load_sft_corpus, to_examples
@@ -21,7 +21,7 @@ LOGP = -8.3
 ACTION = [200 + i for i in range(12)]  # every action is this run of tokens: learnable in a few steps
 
 
-def traj(i, status="ok", reward=1.0, turns=2, breaks=()):
+def traj(i, status=Status.OK, reward=1.0, turns=2, breaks=()):
     rng = random.Random(i)
     segments = []
     for _ in range(turns):
@@ -39,8 +39,8 @@ def cfg_for(tmp_path, *overrides):
 
 def test_select_keeps_resolved_by_default(tmp_path):
     resolved = [traj(0), traj(1)]
-    others = [traj(2, reward=0.0), traj(3, status="truncated_turns", reward=1.0), traj(4, reward=0.5),
-              traj(5, status="infra_error", reward=None)]
+    others = [traj(2, reward=0.0), traj(3, status=Status.TRUNCATED_TURNS, reward=1.0), traj(4, reward=0.5),
+              traj(5, status=Status.INFRA_ERROR, reward=None)]
     TraceStore(tmp_path / "a").write(resolved[:1] + others[:2])
     TraceStore(tmp_path / "b" / "traces").write(resolved[1:] + others[2:])
     stores = [tmp_path / "a", tmp_path / "b" / "traces", tmp_path / "a"]  # a store listed twice counts once

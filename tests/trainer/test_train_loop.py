@@ -1,7 +1,7 @@
 """`sao train`: the async SAO loop and the sync group baseline on the simulated environment.
 
 Real Ray actors (one local Ray session for the module), the tiny model in the hf engine, real
-generations through the proxy; the simulated environment replaces Docker (trainer.simulated).
+generations through the proxy; the simulated test-bed replaces Docker (harness.testbeds.simulated).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from harness.store import TraceStore
-from harness.trace import Segment, Trajectory
+from harness.trace import INFRA_ERRORS, Segment, Status, Trajectory
 from sao.config import load_config
 from trainer.checkpoint import latest_checkpoint, list_checkpoints, read_state
 from trainer.metrics import family, read_metrics
@@ -31,16 +31,16 @@ def ray_address(project_root):
 
     from trainer.ray_utils import start_ray
 
-    start_ray(load_config(None, []), log=lambda m: None)
+    start_ray(None, log=lambda m: None)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
 
 def overrides(tmp_path, name, project_root, *extra):
     return [f"run.root={tmp_path}", f"run.name={name}", f"model.cache_dir={project_root / '.cache/sao'}",
-            "trainer.env=simulated", "sampling.max_tokens=8", "trainer.sim_turns_median=3",
-            "trainer.sim_env_sleep_s=0.05", "trainer.poll_interval_s=0.05", "trainer.batch_timeout_s=120",
-            "trainer.actor_timeout_s=120", "trainer.publish_timeout_s=60", "trainer.critic_steps=2",
+            "trainer.env=simulated", "sampling.max_tokens=8", "testbed.simulated.turns_median=3",
+            "testbed.simulated.env_sleep_s=0.05", "runtime.poll_interval_s=0.05", "runtime.batch_timeout_s=120",
+            "runtime.actor_timeout_s=120", "runtime.publish_timeout_s=60", "trainer.critic_steps=2",
             "trainer.critic_warmup_steps=0", "trainer.lr=1e-4", "trainer.critic_lr=1e-4", "rollout.max_retries=0",
             *extra]
 
@@ -63,7 +63,7 @@ def test_async_versions_critic_steps_infra_errors_and_a_dead_worker(ray_address,
     from trainer.loop import train
 
     cfg = sim_cfg(tmp_path, "async", project_root, "trainer.max_steps=4", "trainer.batch_size=4",
-                  "rollout.workers=3", "trainer.sim_infra_error_rate=0.3", "trainer.save_every=2",
+                  "rollout.workers=3", "testbed.simulated.infra_error_rate=0.3", "trainer.save_every=2",
                   "trainer.max_staleness=0")
     seen: list[dict] = []
     lines: list[str] = []
@@ -93,14 +93,14 @@ def test_async_versions_critic_steps_infra_errors_and_a_dead_worker(ray_address,
     assert {0, 1, 2, 3} <= versions
     assert any(len(t.versions) >= 2 for t in trajs.values())
     # infra errors: stored, counted, never in a batch
-    infra = {tid for tid, t in trajs.items() if t.status == "infra_error"}
+    infra = {tid for tid, t in trajs.items() if t.status == Status.INFRA_ERROR}
     assert infra and all(trajs[i].reward is None for i in infra)
     trained = [i for s in seen for i in s["ids"]]
     assert not infra & set(trained)
-    assert all(st == "ok" and r is not None for s in seen for st, r in zip(s["statuses"], s["rewards"]))
+    assert all(st == Status.OK and r is not None for s in seen for st, r in zip(s["statuses"], s["rewards"]))
     consumed = summary["consumed"]
-    assert summary["counters"]["infra_errors"] == len(infra & set(consumed)) > 0
-    assert records[-1]["rollout/infra_errors_total"] == summary["counters"]["infra_errors"]
+    assert summary["counters"][INFRA_ERRORS] == len(infra & set(consumed)) > 0
+    assert records[-1]["rollout/infra_errors_total"] == summary["counters"][INFRA_ERRORS]
     assert len(trained) == 16 and len(set(trained)) == 16 and len(consumed) == len(set(consumed))
     # the staleness bound: what reached the update was within it; the rest was dropped and counted
     assert all(s["version"] - v <= 0 for s in seen for v in s["oldest"])
@@ -126,8 +126,8 @@ def test_async_versions_critic_steps_infra_errors_and_a_dead_worker(ray_address,
     assert "time/checkpoint_s" in records[1] and "time/checkpoint_s" not in records[0]  # saved at step 2
 
 
-def _traj(i: int, versions: list[int], status="ok", reward=1.0) -> Trajectory:
-    return Trajectory(task_id=f"t{i}", traj_id=f"id{i}", status=status, reward=reward if status == "ok" else None,
+def _traj(i: int, versions: list[int], status=Status.OK, reward=1.0) -> Trajectory:
+    return Trajectory(task_id=f"t{i}", traj_id=f"id{i}", status=status, reward=reward if status == Status.OK else None,
                       segments=[Segment("observation", [1, 2, 3]),
                                 Segment("action", [4] * len(versions), [-1.0] * len(versions), versions)])
 
@@ -138,7 +138,7 @@ def test_staleness_bound_drops_and_counts(tmp_path):
     from trainer.queue import Counters, TraceQueue, take_async
 
     store = TraceStore(tmp_path)
-    store.write([_traj(0, [0, 3]), _traj(1, [1, 1]), _traj(2, [2]), _traj(3, [3]), _traj(4, [3], "infra_error")])
+    store.write([_traj(0, [0, 3]), _traj(1, [1, 1]), _traj(2, [2]), _traj(3, [3]), _traj(4, [3], Status.INFRA_ERROR)])
     store.write([_traj(5, [2, 3])])
     queue, counters = TraceQueue(store, consumed=[]), Counters()
     assert queue.poll() == 6
@@ -163,7 +163,7 @@ def test_sync_mode_waits_for_whole_groups(ray_address, project_root, tmp_path):
 
     cfg = sim_cfg(tmp_path, "sync", project_root, "trainer.mode=sync", "trainer.group_size=2",
                   "trainer.batch_size=4", "trainer.max_steps=3", "rollout.workers=3", "trainer.advantage=grpo",
-                  "trainer.policy_loss=dis", "trainer.sim_turns_sigma=0.5", "trainer.save_every=3")
+                  "trainer.policy_loss=dis", "testbed.simulated.turns_sigma=0.5", "trainer.save_every=3")
     batches: list[list[Trajectory]] = []
 
     def update(trainer, trajectories):
@@ -190,7 +190,7 @@ def test_kill9_then_resume_loses_and_duplicates_nothing(ray_address, project_roo
     run_dir = tmp_path / "kill"
     cmd = [sys.executable, "-m", "sao.cli", "train", "--config", str(project_root / "configs/local.yaml"),
            *overrides(tmp_path, "kill", project_root, "trainer.max_steps=6", "trainer.batch_size=3",
-                      "trainer.save_every=1", "rollout.workers=3", f"trainer.ray_address={ray_address}")]
+                      "trainer.save_every=1", "rollout.workers=3", f"runtime.ray_address={ray_address}")]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(tmp_path / "first.log", "w") as out:
         proc = subprocess.Popen(cmd, cwd=project_root, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -232,10 +232,11 @@ def test_an_engine_that_keeps_dying_ends_the_run_with_a_clear_error(ray_address,
     deaths the run ends with a `LoopError` saying so."""
     import ray
 
-    from trainer.loop import LoopError, train
+    from trainer.loop import train
+    from trainer.ray_utils import LoopError
 
     cfg = sim_cfg(tmp_path, "dead", project_root, "trainer.max_steps=8", "trainer.batch_size=2", "rollout.workers=2",
-                  "trainer.sim_engine_s=0.02")
+                  "testbed.simulated.engine_s=0.02")
     lines: list[str] = []
 
     def update(trainer, trajectories):
@@ -290,7 +291,7 @@ def test_max_minutes_stops_the_loop_and_saves_the_last_step(ray_address, project
     from trainer.loop import train
 
     cfg = sim_cfg(tmp_path, "budget", project_root, "trainer.max_steps=1000", "trainer.save_every=1000",
-                  "trainer.max_minutes=0.1", "trainer.batch_size=2", "trainer.sim_engine_s=0.01")
+                  "trainer.max_minutes=0.1", "trainer.batch_size=2", "testbed.simulated.engine_s=0.01")
     summary = train(cfg, log=lambda m: None)
     assert 1 <= summary["steps"] < 1000
     assert summary["wall_s"] >= 6.0
@@ -305,8 +306,8 @@ def test_a_trajectory_with_breaks_neither_kills_the_run_nor_comes_back(ray_addre
     from trainer.loop import train
 
     cfg = sim_cfg(tmp_path, "breaks", project_root, "trainer.max_steps=1", "trainer.batch_size=2",
-                  "rollout.workers=1", "trainer.sim_engine_s=0.01")
-    broken = Trajectory(task_id="t", traj_id="broken", status="ok", reward=1.0, turns=2, breaks=[5], segments=[
+                  "rollout.workers=1", "testbed.simulated.engine_s=0.01")
+    broken = Trajectory(task_id="t", traj_id="broken", status=Status.OK, reward=1.0, turns=2, breaks=[5], segments=[
         Segment("observation", [1, 2, 3]), Segment("action", [4, 5], [-1.0] * 2, [0] * 2),
         Segment("observation", [1, 2, 6]), Segment("action", [7], [-1.0], [0])])
     TraceStore(cfg.run.dir).write([broken])

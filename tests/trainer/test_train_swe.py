@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from harness.store import TraceStore
+from harness.trace import Status
 from trainer.checkpoint import latest_checkpoint, read_state
 from trainer.metrics import read_metrics
 
@@ -43,6 +44,6 @@ def test_swe_smoke_one_step_on_bundled_tasks(project_root, tmp_path):
     assert len(trained) == 2
     for t in trained:  # real episodes: the agent in a sandbox, graded by swebench
         assert t.metadata["agent"]["iterations"] >= 1 and t.grading is not None and t.versions == [0]
-    assert all(t.reward is None for t in consumed if t.status == "infra_error")
+    assert all(t.reward is None for t in consumed if t.status == Status.INFRA_ERROR)
     run_ids = {t.metadata["run_id"] for t in trajs.values()}
     assert not any(list_runs(client, rid) for rid in run_ids), "the run's sandboxes were not removed"

@@ -17,14 +17,14 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from core.errors import UserError
 from harness.store import TraceStore
-from harness.trace import Segment, Trajectory
+from harness.trace import Segment, Status, Trajectory
 from trainer.batch import build_batch
 from trainer.config import TrainerConfig, ValuePretrainConfig
+from trainer.critic_init import initial_critic
 from trainer.metrics import family, read_metrics
 from trainer.models import Critic, load_critic
 from trainer.value_pretrain import (
     cmd_value_pretrain,
-    initial_critic,
     load_corpus,
     monte_carlo_returns,
     pretrain_critic,
@@ -79,7 +79,7 @@ def test_monte_carlo_returns_are_the_reward_at_every_action_token():
 
 def test_load_corpus_from_several_stores_skips_and_counts(tmp_path):
     good = corpus(6)
-    infra = Trajectory(task_id="t", status="infra_error", reward=None,
+    infra = Trajectory(task_id="t", status=Status.INFRA_ERROR, reward=None,
                        segments=[Segment("observation", [5, 6]), Segment("action", [7], [LOGP], [0])])
     broken = corpus(1, seed=9)[0]
     broken.breaks = [2]

@@ -26,8 +26,8 @@ def config(tmp_path) -> dict:
     base["engine"] = {"kind": "vllm", "gpus_per_replica": 0, "max_model_len": 1024, "kv_cache_bytes": 2**30,
                       "timeout_s": 120, "vllm_args": {"enforce_eager": True, "max_num_seqs": 8}}
     base["rollout"] = {"workers": 2, "max_retries": 1}
-    base["trainer"].update(max_steps=STEPS, batch_size=8, save_every=1000, critic_steps=1, batch_timeout_s=400,
-                           weight_sync="collective", publish_timeout_s=300, actor_timeout_s=300)
+    base["trainer"].update(max_steps=STEPS, batch_size=8, save_every=1000, critic_steps=1)
+    base["runtime"].update(batch_timeout_s=400, weight_sync="collective", publish_timeout_s=300, actor_timeout_s=300)
     return base
 
 

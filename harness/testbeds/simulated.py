@@ -1,16 +1,16 @@
-"""The simulated environment (`trainer.env: simulated`): what the tests and the benchmark run instead of Docker.
+"""The simulated test-bed (`trainer.env: simulated`): what the tests and the benchmark run instead of Docker.
 
 An episode is an OpenHands episode without the sandbox: real engine generations through the proxy
 (HTTP, `X-Episode-Id`), a system and a user message, then per turn one chat completion, a sleep of
-`trainer.sim_env_sleep_s` (the "tool execution") and a synthetic observation message. Its number of
-turns is drawn from LogNormal(log(sim_turns_median), sim_turns_sigma) clipped to [1, sim_turns_max],
-seeded by the episode id. The trajectory is the proxy's (`close_episode`), so it is token-exact and
+`testbed.simulated.env_sleep_s` (the "tool execution") and a synthetic observation message. Its number
+of turns is drawn from LogNormal(log(turns_median), turns_sigma) clipped to [1, turns_max], seeded by
+the episode id. The trajectory is the proxy's (`close_episode`), so it is token-exact and
 carries the version of every sampled token, exactly as in `env=swe`.
 
 - Reward (deterministic): the fraction of the episode's action tokens whose id is even.
-- Infra errors: an HTTP failure, or one injected with probability `sim_infra_error_rate` (seeded by
+- Infra errors: an HTTP failure, or one injected with probability `infra_error_rate` (seeded by
   the episode id: it stops after its first turn). Status `infra_error`, no reward, never a 0.
-- `SleepEngine` (`sim_engine_s`): a stand-in engine that sleeps per call and samples uniformly, so
+- `SleepEngine` (`engine_s`): a stand-in engine that sleeps per call and samples uniformly, so
   that the benchmark measures the pipeline (workers, engine, trace store, trainer, weight publishing),
   not the model.
 """
@@ -27,7 +27,7 @@ import httpx
 
 from harness.engines.protocol import Engine, GenerateResult, SamplingParams
 from harness.proxy import UnknownEpisode
-from harness.trace import REWARDED_STATUSES, Trajectory
+from harness.trace import REWARDED, Status, Trajectory
 
 SYSTEM = "You are a coding agent working in a simulated environment. Reply with your next step."
 
@@ -74,25 +74,25 @@ def chat_episode(task, ctx, episode_id: str, messages: list[dict[str, Any]], tur
     headers = {"X-Episode-Id": episode_id, "X-Task-Id": task.instance_id}
     if token := cfg.proxy.resolved_token():  # the proxy's bearer token, when one guards it
         headers["Authorization"] = f"Bearer {token}"
-    status, error, t0 = "ok", None, time.monotonic()
+    status, error, t0 = Status.OK, None, time.monotonic()
     for turn in range(turns):
         try:
             r = _http().post(url, headers=headers, timeout=cfg.engine.timeout_s + 30,
                              json={"model": cfg.agent.model, "messages": messages,
                                    "max_tokens": cfg.sampling.max_tokens})
         except Exception as e:  # the proxy or the engine is gone: infrastructure
-            status, error = "infra_error", f"proxy request failed: {type(e).__name__}: {e}"
+            status, error = Status.INFRA_ERROR, f"proxy request failed: {type(e).__name__}: {e}"
             break
         if r.status_code != 200:
             body = r.text[:300]
             if "context_length_exceeded" in body:
-                status = "truncated_context"
+                status = Status.TRUNCATED_CONTEXT
             else:
-                status, error = "infra_error", f"proxy answered {r.status_code}: {body}"
+                status, error = Status.INFRA_ERROR, f"proxy answered {r.status_code}: {body}"
             break
         messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""})
         if inject_after_first:
-            status, error = "infra_error", "injected by the simulated environment (sim_infra_error_rate)"
+            status, error = Status.INFRA_ERROR, "injected by the test-bed (testbed.simulated.infra_error_rate)"
             break
         time.sleep(sleep_s)
         messages.append({"role": "user", "content": observe(turn)})
@@ -101,14 +101,14 @@ def chat_episode(task, ctx, episode_id: str, messages: list[dict[str, Any]], tur
     except UnknownEpisode:  # no turn was served
         traj = Trajectory(task_id=task.instance_id)
     traj.traj_id, traj.task_id = episode_id, task.instance_id
-    if status == "ok" and traj.status in ("truncated_context", "infra_error"):
+    if status == Status.OK and traj.status in (Status.TRUNCATED_CONTEXT, Status.INFRA_ERROR):
         status = traj.status  # the proxy saw it end that way
     traj.status, traj.reward = status, None
-    if status in REWARDED_STATUSES:
+    if status in REWARDED:
         traj.reward = reward(traj)
     traj.metadata.update(env=env, run_id=ctx.run_id, **metadata)
     if error:
-        traj.metadata["infra_error"] = error
+        traj.metadata[Status.INFRA_ERROR] = error
     traj.timings = {**traj.timings, "episode_s": time.monotonic() - t0}
     return traj.validate()
 
@@ -116,14 +116,14 @@ def chat_episode(task, ctx, episode_id: str, messages: list[dict[str, Any]], tur
 def run_simulated_episode(task, ctx, episode_id: str) -> Trajectory:
     """One simulated episode of `task` (`ctx`: `harness.episode.EpisodeContext`); never raises for what
     goes wrong inside it: the trajectory's status says how it ended (see the module doc)."""
-    tc = ctx.cfg.trainer
+    sim = ctx.cfg.testbed.simulated
     rng = random.Random(episode_id)
-    planned = episode_turns(rng, tc.sim_turns_median, tc.sim_turns_sigma, tc.sim_turns_max)
-    inject = rng.random() < tc.sim_infra_error_rate
+    planned = episode_turns(rng, sim.turns_median, sim.turns_sigma, sim.turns_max)
+    inject = rng.random() < sim.infra_error_rate
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
                                       {"role": "user", "content": task.problem_statement[:500] or task.instance_id}]
     return chat_episode(task, ctx, episode_id, messages, planned, lambda turn: observation(turn, rng), reward_rule,
-                        "simulated", sleep_s=tc.sim_env_sleep_s, inject_after_first=inject, planned_turns=planned)
+                        "simulated", sleep_s=sim.env_sleep_s, inject_after_first=inject, planned_turns=planned)
 
 
 class SleepEngine(Engine):

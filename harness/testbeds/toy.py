@@ -1,18 +1,17 @@
 """The learning test-bed (`trainer.env: toy`): a multi-turn env the tiny model can learn in minutes.
 
-An episode has `toy_turns` turns through the proxy (real generations, token-exact trace, exactly
-like `trainer.env: simulated`). The user message and each observation between turns name the
-target of the next reply, "even" or "odd", the word repeated `toy_repeat` times so that it makes up
-much of the context (`toy_target`: "episode" draws one parity per episode, "turn" one per turn,
+An episode has `testbed.toy.turns` turns through the proxy (real generations, token-exact trace,
+exactly like `trainer.env: simulated`). The user message and each observation between turns name the
+target of the next reply, "even" or "odd", the word repeated `repeat` times so that it makes up
+much of the context (`target`: "episode" draws one parity per episode, "turn" one per turn,
 seeded by the episode id; "even" always names even). The episode's stake s is drawn with it:
-"low" (s = 1 - toy_stakes) or "high" (s = 1 + toy_stakes), the word repeated `toy_repeat` times at
-the start of the first user message (toy_stakes = 0: s = 1, no stake words). The reward comes once,
-at the end:
+"low" (s = 1 - stakes) or "high" (s = 1 + stakes), the word repeated `repeat` times at the start
+of the first user message (stakes = 0: s = 1, no stake words). The reward comes once, at the end:
 
     R = s * (1 / turns) * sum_t 1[first token id of reply t has the parity named before turn t]
 
 so it depends on the actions of every turn, and the credit for turn t must cross the observations
-after it. A turn with no reply token scores 0. Statuses and infra errors as in `trainer.simulated`.
+after it. A turn with no reply token scores 0. Statuses and infra errors as in `harness.testbeds.simulated`.
 
 With `sampling.top_k: 16` (configs/learn-toy.yaml) each reply token is a choice among the
 model's 16 best tokens, about half of them of each parity: a random policy scores about 0.5 (E[s]
@@ -30,8 +29,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from harness.testbeds.simulated import chat_episode
 from harness.trace import Trajectory
-from trainer.simulated import chat_episode
 
 
 def targets(episode_id: str, turns: int, mode: str) -> list[str]:
@@ -72,15 +71,15 @@ def prompt(want: str, repeat: int, stake_word: str = "") -> str:
 
 
 def run_toy_episode(task, ctx, episode_id: str) -> Trajectory:
-    """One toy episode (same interface as `trainer.simulated.run_simulated_episode`)."""
-    tc = ctx.cfg.trainer
-    turns = tc.toy_turns
-    wanted = targets(episode_id, turns, tc.toy_target)
-    word, scale = stake(episode_id, tc.toy_stakes)
-    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt(wanted[0], tc.toy_repeat, word)}]
+    """One toy episode (same interface as `harness.testbeds.simulated.run_simulated_episode`)."""
+    toy = ctx.cfg.testbed.toy
+    turns = toy.turns
+    wanted = targets(episode_id, turns, toy.target)
+    word, scale = stake(episode_id, toy.stakes)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt(wanted[0], toy.repeat, word)}]
 
     def observe(turn: int) -> str:
-        return prompt(wanted[turn + 1], tc.toy_repeat) if turn + 1 < turns else "done"
+        return prompt(wanted[turn + 1], toy.repeat) if turn + 1 < turns else "done"
 
     return chat_episode(task, ctx, episode_id, messages, turns, observe, lambda traj: toy_reward(traj, wanted, scale),
                         "toy", planned_turns=turns, targets=wanted, stake=scale)

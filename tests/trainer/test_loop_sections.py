@@ -1,0 +1,47 @@
+"""Below the CLI, `sao train`'s functions take the config sections they read (trainer.loop), and
+`trainer.env` is checked against harness.runner's registry."""
+from __future__ import annotations
+
+import pytest
+
+from core.errors import UserError
+from harness import runner
+from harness.config import SamplingConfig
+from trainer.config import RuntimeConfig, TrainerConfig
+
+
+def test_build_trainer_recomputes_under_the_sampling_section_on_the_runtime_device(tiny_model_dir):
+    from trainer.loop import build_trainer  # lazy: torch
+
+    tc = TrainerConfig(advantage="running_mean")  # no critic: quick
+    sampling = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
+    policy, critic, trainer, tokenizer = build_trainer(tc, sampling, "cpu", str(tiny_model_dir), "float32", None)
+    assert trainer.config is tc and critic is None and trainer.device.type == "cpu"
+    assert (trainer.sampling.temperature, trainer.sampling.top_k, trainer.sampling.top_p) == (0.7, 5, 0.9)
+
+
+def test_the_loop_checks_read_trainer_and_runtime():
+    from trainer.loop import _check  # lazy: torch
+
+    ppo = TrainerConfig(policy_loss="ppo", minibatches=2)
+    _check(ppo, RuntimeConfig())  # one process: minibatches are fine
+    with pytest.raises(UserError, match=r"runtime.world_size=2 needs trainer.minibatches=1"):
+        _check(ppo, RuntimeConfig(world_size=2))
+
+
+def test_trainer_env_is_one_of_the_registry(monkeypatch):
+    with pytest.raises(ValueError, match=r"unknown env 'custom' \(known: simulated, swe, toy\)"):
+        TrainerConfig(env="custom")
+    monkeypatch.setitem(runner.EPISODES, "custom", lambda task, ctx, episode_id: None)
+    assert TrainerConfig(env="custom").env == "custom"
+    assert runner.episode_function("custom") is runner.EPISODES["custom"]
+
+
+def test_registry_entries_are_imported_on_first_use(monkeypatch):
+    from harness.testbeds.toy import run_toy_episode
+
+    monkeypatch.setitem(runner.EPISODES, "toy", "harness.testbeds.toy:run_toy_episode")
+    assert runner.episode_function("toy") is run_toy_episode
+    assert runner.EPISODES["toy"] is run_toy_episode  # resolved once
+    with pytest.raises(UserError, match=r"trainer.env='nope': no episode function"):
+        runner.episode_function("nope")
