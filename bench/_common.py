@@ -6,16 +6,27 @@ place that makes the project's packages importable from the checkout.
 """
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 
 
 def use_checkout() -> Path:
-    """Put the repository root first on ``sys.path`` (its packages then import without an install); the root."""
-    if sys.path[:1] != [str(ROOT)]:
+    """Make ``sao_harness.<folder>`` importable from this checkout; the root.
+
+    Installed (``make setup``: editable), nothing to do. A bare checkout (the GPU machine runs
+    bench/gpu_update.py with no install): ``sao_harness`` is made a package whose path is the root, so
+    ``sao_harness.trainer`` is ``<root>/trainer``, as pyproject.toml's package-dir maps it.
+    """
+    if importlib.util.find_spec("sao_harness") is None:
+        package = types.ModuleType("sao_harness", "sao-harness, from a bare checkout (bench/_common.py)")
+        package.__path__ = [str(ROOT)]
+        sys.modules["sao_harness"] = package
+    if sys.path[:1] != [str(ROOT)]:  # tests.support and the like, as from the checkout's root
         sys.path.insert(0, str(ROOT))
     return ROOT
 

@@ -25,13 +25,12 @@ import time
 from pathlib import Path
 
 from _common import ROOT, fixed_update, verdict
-
-from sao.config import load_config
+from sao_harness.sao.config import load_config
 
 
 def steady_state(run_dir: Path) -> dict:
     """Throughput and idle fractions from the end of step 1 to the end of the run (metrics.jsonl)."""
-    from trainer.metrics import read_metrics
+    from sao_harness.trainer.metrics import read_metrics
 
     rec = read_metrics(run_dir)
     span = rec[-1]["time"] - rec[0]["time"]
@@ -58,9 +57,8 @@ def main() -> int:
     args = ap.parse_args()
 
     import ray
-
-    from trainer.loop import train
-    from trainer.ray_utils import start_ray
+    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.ray_utils import start_ray
 
     root = Path(tempfile.mkdtemp(prefix="sao-bench-"))
     common = [f"run.root={root}", f"model.cache_dir={ROOT / '.cache/sao'}", "trainer.env=simulated",

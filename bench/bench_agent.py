@@ -48,7 +48,7 @@ class Clock:
         self._tool = None
 
     def __call__(self, event):
-        from harness.agent import load_sdk
+        from sao_harness.harness.agent import load_sdk
 
         sdk = load_sdk()
         now = time.perf_counter()
@@ -66,7 +66,8 @@ def ms(xs):
 
 
 def episode(sb, turns: int, native: bool):
-    from harness.agent import AgentSettings, run_agent
+    from sao_harness.harness.agent import AgentSettings, run_agent
+
     from tests.support.fakellm import FakeLLM, prompt_call, tool
 
     sb.run("cd /testbed && printf 'value = 0\\n' > mod.py && git add -A && git commit -q --allow-empty -m mod", 60,
@@ -83,7 +84,8 @@ def episode(sb, turns: int, native: bool):
 
 
 def think_only(turns: int):
-    from harness.agent import AgentSettings, run_agent
+    from sao_harness.harness.agent import AgentSettings, run_agent
+
     from tests.support.fakellm import FakeLLM, tool
 
     class NoTools:
@@ -110,15 +112,15 @@ def main() -> None:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    from harness.agent import load_sdk
+    from sao_harness.harness.agent import load_sdk
 
     load_sdk()
     t_import = time.perf_counter() - t0
-    from envs.config import DockerConfig, SandboxConfig
-    from envs.engine import ensure_engine
-    from envs.images import ensure_base_image
-    from envs.sandbox import Sandbox
-    from harness.tools import SandboxTarget, SandboxTools
+    from sao_harness.envs.config import DockerConfig, SandboxConfig
+    from sao_harness.envs.engine import ensure_engine
+    from sao_harness.envs.images import ensure_base_image
+    from sao_harness.envs.sandbox import Sandbox
+    from sao_harness.harness.tools import SandboxTarget, SandboxTools
 
     client = ensure_engine(DockerConfig())
     image = ensure_base_image(client, DockerConfig())

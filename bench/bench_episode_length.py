@@ -25,10 +25,10 @@ from _common import ROOT
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from harness.rollout import run_rollout, start_policy  # noqa: E402  (after the environment above)
-from harness.store import TraceStore  # noqa: E402
-from sao.config import load_config  # noqa: E402
-from tasks.loaders import load_tasks  # noqa: E402
+from sao_harness.harness.rollout import run_rollout, start_policy  # noqa: E402  (after the environment above)
+from sao_harness.harness.store import TraceStore  # noqa: E402
+from sao_harness.sao.config import load_config  # noqa: E402
+from sao_harness.tasks.loaders import load_tasks  # noqa: E402
 
 PROFILES = ("openhands", "compact")
 
@@ -50,8 +50,8 @@ def expert_traces(profile: str, task_ids: list[str], root: Path) -> list:
 def step_time(model, trajs, repeats: int, micro_batch_tokens: int) -> float:
     """Median seconds of one forward + backward of the policy's action logprobs over the batch ``trajs``,
     in the trainer's micro-batches (``trainer.batch.micro_batches``)."""
-    from trainer.batch import build_batch, micro_batches
-    from trainer.models import policy_token_logprobs
+    from sao_harness.trainer.batch import build_batch, micro_batches
+    from sao_harness.trainer.models import policy_token_logprobs
 
     b = build_batch(trajs)
     groups = micro_batches(b, micro_batch_tokens)
@@ -93,10 +93,9 @@ def main() -> int:
 
     import torch  # lazy: heavy
     import transformers
+    from sao_harness.harness.tiny_model import ensure_tiny_model
+    from sao_harness.trainer.config import TrainerConfig
     from transformers import AutoModelForCausalLM
-
-    from harness.tiny_model import ensure_tiny_model
-    from trainer.config import TrainerConfig
 
     transformers.logging.set_verbosity_error()
     logging.getLogger("torch").setLevel(logging.WARNING)

@@ -30,17 +30,18 @@ def median(xs: list[float]) -> str:
 
 def main() -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
-    from envs.config import DockerConfig
-    from envs.engine import ensure_engine
-    from envs.images import ensure_base_image
-    from sao.config import load_config
-    from tasks.build import build_task_repo
-    from tasks.clean_run import clean_run
-    from tasks.grade import grade, image_exists, new_run_id, run_swebench
-    from tasks.grade_sandbox import GradeLimits
-    from tasks.grade_status import GradeStatus
-    from tasks.hacks import hack_patch
-    from tasks.loaders import BUNDLED, load_task_repo, load_tasks_lenient
+    from sao_harness.envs.config import DockerConfig
+    from sao_harness.envs.engine import ensure_engine
+    from sao_harness.envs.images import ensure_base_image
+    from sao_harness.sao.config import load_config
+    from sao_harness.tasks.build import build_task_repo
+    from sao_harness.tasks.clean_run import clean_run
+    from sao_harness.tasks.grade import grade, image_exists, new_run_id, run_swebench
+    from sao_harness.tasks.grade_sandbox import GradeLimits
+    from sao_harness.tasks.grade_status import GradeStatus
+    from sao_harness.tasks.hacks import hack_patch
+    from sao_harness.tasks.loaders import BUNDLED, load_task_repo, load_tasks_lenient
+
     from tests.support.task_repos import make_task_repo
 
     t_start = time.monotonic()

@@ -33,12 +33,11 @@ from _common import ROOT
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402  (after the environment above)
-
-from harness.trace import Segment, Trajectory  # noqa: E402
-from trainer.batch import TrajectoryBatch, build_batch, micro_batches, pack, pack_groups  # noqa: E402
-from trainer.config import TrainerConfig  # noqa: E402
-from trainer.distributed import split  # noqa: E402
-from trainer.models import policy_token_logprobs, use_packed_sdpa  # noqa: E402
+from sao_harness.harness.trace import Segment, Trajectory  # noqa: E402
+from sao_harness.trainer.batch import TrajectoryBatch, build_batch, micro_batches, pack, pack_groups  # noqa: E402
+from sao_harness.trainer.config import TrainerConfig  # noqa: E402
+from sao_harness.trainer.distributed import split  # noqa: E402
+from sao_harness.trainer.models import policy_token_logprobs, use_packed_sdpa  # noqa: E402
 
 SCALE = 64  # the timed lognormal batch: lengths / 64 (2k..128k -> 32..2k tokens), budget / 64
 
@@ -142,10 +141,9 @@ def main() -> int:
     args = ap.parse_args()
 
     import transformers  # lazy: heavy
+    from sao_harness.harness.store import TraceStore  # lazy: only the demo part reads traces
+    from sao_harness.harness.tiny_model import ensure_tiny_model  # lazy: builds the model once
     from transformers import AutoModelForCausalLM  # lazy: heavy
-
-    from harness.store import TraceStore  # lazy: only the demo part reads traces
-    from harness.tiny_model import ensure_tiny_model  # lazy: builds the model once
 
     transformers.logging.set_verbosity_error()
     logging.getLogger("torch").setLevel(logging.WARNING)

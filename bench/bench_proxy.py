@@ -22,11 +22,10 @@ import time
 
 import httpx
 from _common import ROOT, verdict
-
-from harness.engines.scripted import ScriptedEngine
-from harness.proxy import ProxyServer
-from harness.tiny_model import ensure_tiny_model
-from sao.config import load_config
+from sao_harness.harness.engines.scripted import ScriptedEngine
+from sao_harness.harness.proxy import ProxyServer
+from sao_harness.harness.tiny_model import ensure_tiny_model
+from sao_harness.sao.config import load_config
 
 TOOLS = [{"type": "function", "function": {"name": name, "description": desc * 20, "parameters": {
     "type": "object", "properties": {"command": {"type": "string", "description": "the command"},

@@ -13,15 +13,14 @@ import tempfile
 import time
 
 from _common import ROOT, verdict
-
-from harness.proxy import ProxyServer
-from harness.rollout import run_rollout
-from harness.scripted_policy import ScriptedPolicyEngine, tool_call
-from harness.store import TraceStore
-from harness.tiny_model import ensure_tiny_model
-from harness.trace import Status
-from sao.config import load_config
-from tasks.loaders import load_tasks
+from sao_harness.harness.proxy import ProxyServer
+from sao_harness.harness.rollout import run_rollout
+from sao_harness.harness.scripted_policy import ScriptedPolicyEngine, tool_call
+from sao_harness.harness.store import TraceStore
+from sao_harness.harness.tiny_model import ensure_tiny_model
+from sao_harness.harness.trace import Status
+from sao_harness.sao.config import load_config
+from sao_harness.tasks.loaders import load_tasks
 
 TURNS = 50
 
@@ -39,12 +38,11 @@ def rollout(cfg, engine, tokenizer):
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    from sao_harness.envs.engine import ensure_engine
     from transformers import AutoTokenizer
 
-    from envs.engine import ensure_engine
-
     ensure_engine()
-    from harness.agent import load_sdk
+    from sao_harness.harness.agent import load_sdk
 
     load_sdk()  # the SDK import (~6 s) is once per process: keep it out of the per-turn figure
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(ROOT / ".cache/sao"))

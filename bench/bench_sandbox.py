@@ -32,11 +32,11 @@ def main() -> int:
     ap.add_argument("--starts", type=int, default=10)
     args = ap.parse_args()
 
-    from envs.config import DockerConfig, SandboxConfig
-    from envs.engine import ensure_engine
-    from envs.gc import run_scope
-    from envs.images import ensure_base_image
-    from envs.sandbox import Sandbox
+    from sao_harness.envs.config import DockerConfig, SandboxConfig
+    from sao_harness.envs.engine import ensure_engine
+    from sao_harness.envs.gc import run_scope
+    from sao_harness.envs.images import ensure_base_image
+    from sao_harness.envs.sandbox import Sandbox
 
     client = ensure_engine(DockerConfig())
     image = ensure_base_image(client, DockerConfig())

@@ -32,8 +32,7 @@ import time
 from pathlib import Path
 
 from _common import verdict
-
-from envs.scrub import SCRIPT, parse_result
+from sao_harness.envs.scrub import SCRIPT, parse_result
 
 TARGET_S = 2.0
 FUTURE = 1000  # commits after base_commit
@@ -137,7 +136,7 @@ def compare(src: Path, base: str, work: Path) -> None:
 
 def engine_answers() -> bool:
     try:
-        from envs.engine import docker_client  # lazy: docker-py only where an engine may answer
+        from sao_harness.envs.engine import docker_client  # lazy: docker-py only where an engine may answer
 
         docker_client()
         return True
@@ -149,11 +148,11 @@ def docker_figures(src: Path, base: str) -> float:
     """The per-node and per-sandbox cost through envs.scrub.scrubbed_image (module doc, ``--docker``); the
     per-sandbox cost: the cache lookup plus the start's extra time over a start from the source image."""
     # lazy: the figures without --docker need no engine and no docker-py
-    from envs.config import DockerConfig, SandboxConfig
-    from envs.engine import docker_client
-    from envs.images import base_tag, build_context
-    from envs.sandbox import Sandbox
-    from envs.scrub import SCRUBBED_REPOSITORY, SOURCE_LABEL, scrubbed_image
+    from sao_harness.envs.config import DockerConfig, SandboxConfig
+    from sao_harness.envs.engine import docker_client
+    from sao_harness.envs.images import base_tag, build_context
+    from sao_harness.envs.sandbox import Sandbox
+    from sao_harness.envs.scrub import SCRUBBED_REPOSITORY, SOURCE_LABEL, scrubbed_image
 
     client, dcfg, scfg = docker_client(), DockerConfig(), SandboxConfig(scrub_history="always")
     ctx = src.parent / "context"

@@ -44,11 +44,10 @@ def update_s(engine, state) -> float:
 def main() -> int:
     os.chdir(ROOT)
     import torch
-
-    from harness.engines.hf import HFEngine
-    from harness.engines.protocol import SamplingParams
-    from harness.engines.vllm import VLLMEngine
-    from harness.engines.vllm_testmodel import ensure_test_model
+    from sao_harness.harness.engines.hf import HFEngine
+    from sao_harness.harness.engines.protocol import SamplingParams
+    from sao_harness.harness.engines.vllm import VLLMEngine
+    from sao_harness.harness.engines.vllm_testmodel import ensure_test_model
 
     path = str(ensure_test_model(ROOT / ".cache" / "sao", "dense"))
     figures = {}

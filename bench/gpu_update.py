@@ -56,7 +56,7 @@ def families(dry_run: bool) -> list[tuple[str, dict, int]]:
 def trajectories(n: int, tokens: int, vocab: int, turns: int = 4, seed: int = 0):
     """n episodes of `tokens` tokens each, `turns` turns, a tenth of each turn actions; the rollout
     logprob is the uniform one, log(1 / vocab), about a random model's (DIS ratios near 1)."""
-    from harness.trace import Segment, Trajectory  # lazy: after the CUDA check
+    from sao_harness.harness.trace import Segment, Trajectory  # lazy: after the CUDA check
 
     g = torch.Generator().manual_seed(seed)
     ids = lambda k: torch.randint(0, vocab, (k,), generator=g).tolist()
@@ -78,7 +78,7 @@ def model_flops(shapes, lengths: list[int], action_tokens: int) -> float:
     backward) + 3 x 2 V H per action token (the LM head, only where logprobs are read); F = 2 x active
     parameters per token + 2 n^2 n_h d L per sequence of n tokens (causal attention); recomputation
     under checkpointing is not counted."""
-    from trainer.gpu_plan import param_counts  # lazy: after the CUDA check
+    from sao_harness.trainer.gpu_plan import param_counts  # lazy: after the CUDA check
 
     c, s = param_counts(shapes), shapes
     mlp = (s.experts_per_token * 3 * s.hidden * s.expert_intermediate + s.experts * s.hidden if s.sparse_layers
@@ -100,13 +100,17 @@ def human(n: float) -> str:
 
 
 def run_family(name: str, fields: dict, full_layers: int, args, dp) -> None:
+    from sao_harness.trainer.config import TrainerConfig  # lazy: after the CUDA check
+    from sao_harness.trainer.distributed import shard  # lazy: after the CUDA check
+    from sao_harness.trainer.gpu_plan import (  # lazy: after the CUDA check
+        Shapes,
+        critic_params,
+        param_counts,
+        trainer_memory,
+    )
+    from sao_harness.trainer.models import Critic  # lazy: after the CUDA check
+    from sao_harness.trainer.sao import SAOTrainer  # lazy: after the CUDA check
     from transformers import AutoConfig, AutoModelForCausalLM  # lazy: after the CUDA check (the skip is quick)
-
-    from trainer.config import TrainerConfig  # lazy: after the CUDA check
-    from trainer.distributed import shard  # lazy: after the CUDA check
-    from trainer.gpu_plan import Shapes, critic_params, param_counts, trainer_memory  # lazy: after the CUDA check
-    from trainer.models import Critic  # lazy: after the CUDA check
-    from trainer.sao import SAOTrainer  # lazy: after the CUDA check
 
     device, dtype = dp.device, torch.bfloat16
     config = AutoConfig.for_model(**fields, max_position_embeddings=max(262144, max(args.sizes)),
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args.sizes = args.sizes or ([128, 256] if args.dry_run else [8192, 32768, 65536, 131072])
     args.trajectories = args.trajectories or (2 if args.dry_run else 1)
     args.chunk = args.chunk or (64 if args.dry_run else 4096)
-    from trainer.distributed import DataParallel, free_port  # lazy: after the CUDA check
+    from sao_harness.trainer.distributed import DataParallel, free_port  # lazy: after the CUDA check
 
     device = "cpu" if args.dry_run else "cuda:0"
     if args.dry_run:

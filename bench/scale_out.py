@@ -21,13 +21,12 @@ import time
 from pathlib import Path
 
 from _common import ROOT, fixed_update, verdict
-
-from sao.config import load_config
+from sao_harness.sao.config import load_config
 
 
 def throughput(root: Path, replicas: int, args) -> float:
     """Trajectories trained per minute in the steady state of one run."""
-    from trainer.loop import train
+    from sao_harness.trainer.loop import train
 
     workers = replicas * args.workers_per_replica
     batch = max(4, workers // 2)
@@ -49,10 +48,9 @@ def publish_s_per_gb(transport: str, args) -> float:
     """Best seconds per GB of `args.repeats` publishes of a synthetic state dict to the replicas."""
     import ray
     import torch
-
-    from trainer.actors import EngineActor
-    from trainer.loop import _resolved
-    from trainer.weight_sync import make_weight_sync
+    from sao_harness.trainer.actors import EngineActor
+    from sao_harness.trainer.loop import _resolved
+    from sao_harness.trainer.weight_sync import make_weight_sync
 
     cfg = _resolved(load_config(ROOT / "configs/local.yaml", [
         f"model.cache_dir={ROOT / '.cache/sao'}", "trainer.env=simulated", "testbed.simulated.engine_s=0.01",
@@ -92,8 +90,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import ray
-
-    from trainer.ray_utils import start_ray
+    from sao_harness.trainer.ray_utils import start_ray
 
     root = Path(tempfile.mkdtemp(prefix="sao-bench-scale-"))
     start_ray(None, log=print)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import fcntl
 from pathlib import Path
 
-from core.errors import UserError
+from sao_harness.core.errors import UserError
 
 
 def lock_file(path: Path, busy: str):

@@ -14,8 +14,8 @@ import subprocess
 import sys
 import time
 
-from core.errors import UserError
-from envs.engine import (
+from sao_harness.core.errors import UserError
+from sao_harness.envs.engine import (
     ProjectEngine,
     _use,
     docker_client,
@@ -24,8 +24,8 @@ from envs.engine import (
     find_engine,
     stop_project_engine,
 )
-from envs.errors import CommandTimeout, ImageNotFound, OOMKilled, SandboxError
-from envs.gc import gc, list_runs, run_scope
+from sao_harness.envs.errors import CommandTimeout, ImageNotFound, OOMKilled, SandboxError
+from sao_harness.envs.gc import gc, list_runs, run_scope
 
 
 def _faults(func):
@@ -89,7 +89,7 @@ def _docker_down(args) -> int:
 @_faults
 def _docker_base(args) -> int:
     # lazy: keeps `sao --help` fast (the image stack)
-    from envs.images import ensure_base_image
+    from sao_harness.envs.images import ensure_base_image
 
     client = ensure_engine(args.cfg.docker)
     print(ensure_base_image(client, args.cfg.docker))
@@ -99,7 +99,7 @@ def _docker_base(args) -> int:
 # -- sao sandbox --------------------------------------------------------------------------------
 def _image(args, client) -> str:
     # lazy: keeps `sao --help` fast (the image stack)
-    from envs.images import ensure_base_image, require_image
+    from sao_harness.envs.images import ensure_base_image, require_image
 
     if args.image:
         require_image(client, args.image)
@@ -118,7 +118,7 @@ def _command(argv: list[str]) -> str:
 @_faults
 def _sandbox_exec(args) -> int:
     # lazy: keeps `sao --help` fast (the sandbox stack)
-    from envs.sandbox import Sandbox
+    from sao_harness.envs.sandbox import Sandbox
 
     command = _command(args.cmd)
     if args.timeout is not None and args.timeout <= 0:
@@ -145,7 +145,7 @@ def _sandbox_exec(args) -> int:
 @_faults
 def _sandbox_shell(args) -> int:
     # lazy: keeps `sao --help` fast (the sandbox stack)
-    from envs.sandbox import Sandbox
+    from sao_harness.envs.sandbox import Sandbox
 
     if shutil.which("docker") is None:
         raise UserError("sandbox shell needs the `docker` CLI on PATH")

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
-
-from core.config import Section
+from sao_harness.core.config import Section
 
 
 class DockerConfig(Section):

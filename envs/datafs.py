@@ -21,8 +21,8 @@ import struct
 import subprocess
 from pathlib import Path
 
-from envs.errors import EngineError
-from envs.hostpkg import ensure_programs, which
+from sao_harness.envs.errors import EngineError
+from sao_harness.envs.hostpkg import ensure_programs, which
 
 
 def mounted_fstype(path: Path) -> str | None:

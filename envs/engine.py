@@ -30,11 +30,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.config import DockerConfig, size_bytes
-from envs.datafs import mount_data_fs
-from envs.errors import EngineError, EngineGone
-from envs.hostpkg import ensure_programs, which
-from envs.limits import HARD_CAP_DRIVERS
+from sao_harness.envs.config import DockerConfig, size_bytes
+from sao_harness.envs.datafs import mount_data_fs
+from sao_harness.envs.errors import EngineError, EngineGone
+from sao_harness.envs.hostpkg import ensure_programs, which
+from sao_harness.envs.limits import HARD_CAP_DRIVERS
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 PROBE_TIMEOUT_S = 5

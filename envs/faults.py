@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-from envs.errors import EngineGone, SandboxError
+from sao_harness.envs.errors import EngineGone, SandboxError
 
 
 def is_engine_failure(exc: BaseException) -> bool:

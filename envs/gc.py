@@ -16,8 +16,8 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from envs.engine import docker_client
-from envs.labels import RUN_KEY, current_run_id, owner_alive, owner_filter
+from sao_harness.envs.engine import docker_client
+from sao_harness.envs.labels import RUN_KEY, current_run_id, owner_alive, owner_filter
 
 
 @dataclass

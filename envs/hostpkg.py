@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from envs.errors import EngineError
+from sao_harness.envs.errors import EngineError
 
 _SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 _POLICY = Path("/usr/sbin/policy-rc.d")

@@ -27,13 +27,13 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from core.files import atomic_write
-from envs.config import DockerConfig
-from envs.engine import docker_client
-from envs.errors import ImageBuildError, ImageNotFound
-from envs.hostpkg import ensure_programs
-from envs.labels import OWNER_VALUE, run_labels
-from envs.mirror import debian_mirror
+from sao_harness.core.files import atomic_write
+from sao_harness.envs.config import DockerConfig
+from sao_harness.envs.engine import docker_client
+from sao_harness.envs.errors import ImageBuildError, ImageNotFound
+from sao_harness.envs.hostpkg import ensure_programs
+from sao_harness.envs.labels import OWNER_VALUE, run_labels
+from sao_harness.envs.mirror import debian_mirror
 
 # Images get their own label key: containers inherit image labels, and a container must carry
 # ``sao-harness.owner`` only when our code made it (with its run labels).

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 
-from envs.errors import ContainerDied, SandboxError
+from sao_harness.envs.errors import ContainerDied, SandboxError
 
 HARD_CAP_DRIVERS = ("btrfs",)  # storage drivers whose `--storage-opt size` is a hard cap on every write
 

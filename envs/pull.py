@@ -29,11 +29,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
 
-from core.files import atomic_write, atomic_write_text
-from envs.config import DockerConfig, size_bytes
-from envs.engine import _client, docker_client
-from envs.errors import SandboxError
-from envs.images import base_tag, image_exists, load_image_file
+from sao_harness.core.files import atomic_write, atomic_write_text
+from sao_harness.envs.config import DockerConfig, size_bytes
+from sao_harness.envs.engine import _client, docker_client
+from sao_harness.envs.errors import SandboxError
+from sao_harness.envs.images import base_tag, image_exists, load_image_file
 
 
 class ImagePullError(SandboxError):

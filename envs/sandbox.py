@@ -35,9 +35,9 @@ import sys
 import tarfile
 import time
 
-from envs.config import SandboxConfig, size_bytes
-from envs.engine import docker_client
-from envs.errors import (
+from sao_harness.envs.config import SandboxConfig, size_bytes
+from sao_harness.envs.engine import docker_client
+from sao_harness.envs.errors import (
     CommandTimeout,
     ContainerDied,
     EngineError,
@@ -45,10 +45,10 @@ from envs.errors import (
     OOMKilled,
     SandboxError,
 )
-from envs.faults import engine_calls
-from envs.labels import current_run_id, run_labels
-from envs.limits import DiskLimitExceeded, DiskWatchdog, PatchTooLarge, PatchUnavailable, hard_disk_cap
-from envs.shell import PersistentShell, ShellExited, ShellResult, ShellTimeout
+from sao_harness.envs.faults import engine_calls
+from sao_harness.envs.labels import current_run_id, run_labels
+from sao_harness.envs.limits import DiskLimitExceeded, DiskWatchdog, PatchTooLarge, PatchUnavailable, hard_disk_cap
+from sao_harness.envs.shell import PersistentShell, ShellExited, ShellResult, ShellTimeout
 
 CommandResult = ShellResult
 KIND_KEY = "sao-harness.kind"

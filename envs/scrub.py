@@ -37,10 +37,10 @@ import hashlib
 import time
 from dataclasses import dataclass
 
-from envs.config import DockerConfig, SandboxConfig
-from envs.errors import SandboxError
-from envs.labels import OWNER_KEY, OWNER_VALUE
-from envs.pull import _locked, evict, record_path, touch
+from sao_harness.envs.config import DockerConfig, SandboxConfig
+from sao_harness.envs.errors import SandboxError
+from sao_harness.envs.labels import OWNER_KEY, OWNER_VALUE
+from sao_harness.envs.pull import _locked, evict, record_path, touch
 
 SCRIPT = r"""
 set -euo pipefail

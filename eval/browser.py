@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-
-from envs.errors import EngineError
-from envs.hostpkg import ensure_programs, which
+from sao_harness.envs.errors import EngineError
+from sao_harness.envs.hostpkg import ensure_programs, which
 
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from core.errors import UserError
-from tasks.cli import IdsAction
-from tasks.grade_status import INFRA_FAILURES, GradeStatus
+from sao_harness.core.errors import UserError
+from sao_harness.tasks.cli import IdsAction
+from sao_harness.tasks.grade_status import INFRA_FAILURES, GradeStatus
 
 
 def cmd_agent_eval(args) -> int:
@@ -35,8 +35,8 @@ def cmd_agent_eval(args) -> int:
         cfg.eval.gold_preflight = True
     if getattr(args, "instances", None):
         cfg.eval.instances = list(dict.fromkeys(args.instances))
-    from eval.grading import resolved_line  # lazy: keep sao --help fast
-    from eval.run import run_eval  # lazy: keep sao --help fast
+    from sao_harness.eval.grading import resolved_line  # lazy: keep sao --help fast
+    from sao_harness.eval.run import run_eval  # lazy: keep sao --help fast
 
     out = run_eval(cfg, log=lambda msg: print(msg, flush=True))
     r = out.report
@@ -57,7 +57,7 @@ def cmd_agent_eval(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from eval.compare import compare, render  # lazy: keep sao --help fast
+    from sao_harness.eval.compare import compare, render  # lazy: keep sao --help fast
 
     result = compare(args.a, args.b)
     if args.json:
@@ -69,7 +69,7 @@ def cmd_compare(args) -> int:
 
 def read_predictions(path: str, tasks_by_id: dict) -> tuple[list[dict], list[str]]:
     """(valid predictions, one error line per bad prediction line)."""
-    from tasks.guard import InvalidPatch, parse_patch  # lazy: keep sao --help fast
+    from sao_harness.tasks.guard import InvalidPatch, parse_patch  # lazy: keep sao --help fast
 
     p = Path(path)
     if not p.is_file():
@@ -123,18 +123,18 @@ def read_predictions(path: str, tasks_by_id: dict) -> tuple[list[dict], list[str
 
 
 def cmd_grade(args) -> int:
-    from envs.engine import ensure_engine  # lazy: keep sao --help fast
-    from eval.grading import (  # lazy: keep sao --help fast
+    from sao_harness.envs.engine import ensure_engine  # lazy: keep sao --help fast
+    from sao_harness.eval.grading import (  # lazy: keep sao --help fast
         grade_all,
         resolved_line,
         swebench_report,
     )
-    from tasks.grade import (  # lazy: keep sao --help fast
+    from sao_harness.tasks.grade import (  # lazy: keep sao --help fast
         RUN_ID_RE,
         image_exists,
         new_run_id,
     )
-    from tasks.loaders import load_tasks_lenient  # lazy: keep sao --help fast
+    from sao_harness.tasks.loaders import load_tasks_lenient  # lazy: keep sao --help fast
 
     cfg = args.cfg
     dataset = args.dataset or cfg.eval.dataset

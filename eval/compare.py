@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.errors import UserError
-from eval.report import load_report
+from sao_harness.core.errors import UserError
+from sao_harness.eval.report import load_report
 
 KINDS = ("newly_resolved", "newly_failed", "unchanged_resolved", "unchanged_unresolved", "only_in_a", "only_in_b")
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import re
 
 from pydantic import Field, field_validator
-
-from core.config import Section
+from sao_harness.core.config import Section
 
 
 class EvalConfig(Section):

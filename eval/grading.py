@@ -18,11 +18,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from core.errors import UserError
-from eval.paths import EvalPaths, JsonlLog, latest_by_instance, write_json
-from eval.report import dataset_of
-from tasks.grade import LOG_ROOT, GradeResult, grade, new_run_id
-from tasks.grade_status import GradeStatus
+from sao_harness.core.errors import UserError
+from sao_harness.eval.paths import EvalPaths, JsonlLog, latest_by_instance, write_json
+from sao_harness.eval.report import dataset_of
+from sao_harness.tasks.grade import LOG_ROOT, GradeResult, grade, new_run_id
+from sao_harness.tasks.grade_status import GradeStatus
 
 
 def resolved_line(guarded: int, official: int, total: int) -> str:

@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import UserError
-from harness.tiny_model import resolve_model_path
-from trainer.checkpoint import POLICY_CONFIG, checkpoints_dir, resolve_checkpoint
+from sao_harness.core.errors import UserError
+from sao_harness.harness.tiny_model import resolve_model_path
+from sao_harness.trainer.checkpoint import POLICY_CONFIG, checkpoints_dir, resolve_checkpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 

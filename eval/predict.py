@@ -8,12 +8,11 @@ An infra error gets no prediction (no verdict, never a 0): it is retried on the 
 from __future__ import annotations
 
 import pyarrow.parquet as pq
-
-from eval.paths import EvalPaths, JsonlLog, latest_by_instance
-from eval.policy import Policy
-from harness.rollout import run_rollout
-from harness.store import TraceStore, read_shard
-from harness.trace import Status
+from sao_harness.eval.paths import EvalPaths, JsonlLog, latest_by_instance
+from sao_harness.eval.policy import Policy
+from sao_harness.harness.rollout import run_rollout
+from sao_harness.harness.store import TraceStore, read_shard
+from sao_harness.harness.trace import Status
 
 
 def prediction(traj, model_name: str) -> dict:

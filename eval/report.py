@@ -21,10 +21,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from core.errors import UserError
-from eval.paths import write_json
-from harness.trace import Status
-from tasks.grade_status import INFRA_FAILURES, GradeStatus
+from sao_harness.core.errors import UserError
+from sao_harness.eval.paths import write_json
+from sao_harness.harness.trace import Status
+from sao_harness.tasks.grade_status import INFRA_FAILURES, GradeStatus
 
 DIFFICULTY_ORDER = ("easy", "medium", "hard")
 COLORS = {GradeStatus.RESOLVED: "#2e9d5b", GradeStatus.UNRESOLVED: "#8a94a6", GradeStatus.EMPTY: "#c9ced8",

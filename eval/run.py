@@ -21,29 +21,29 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.errors import UserError
-from core.runlock import lock_file
-from envs.engine import ensure_engine
-from eval.grading import (
+from sao_harness.core.errors import UserError
+from sao_harness.core.runlock import lock_file
+from sao_harness.envs.engine import ensure_engine
+from sao_harness.eval.grading import (
     dataset_reports,
     gold_preflight,
     grade_predictions,
     resolved_line,
     swebench_report,
 )
-from eval.paths import EvalPaths, JsonlLog, latest_by_instance, write_json
-from eval.policy import Policy, eval_name, resolve_policy
-from eval.predict import predict
-from eval.report import write_report
-from tasks.images import prepare_task_images
-from tasks.loaders import (
+from sao_harness.eval.paths import EvalPaths, JsonlLog, latest_by_instance, write_json
+from sao_harness.eval.policy import Policy, eval_name, resolve_policy
+from sao_harness.eval.predict import predict
+from sao_harness.eval.report import write_report
+from sao_harness.tasks.images import prepare_task_images
+from sao_harness.tasks.loaders import (
     _offline_flag,
     hub_unreachable_reason,
     is_local,
     load_tasks_lenient,
     resolve_task_repo,
 )
-from tasks.preflight import preflight
+from sao_harness.tasks.preflight import preflight
 
 FINGERPRINT = ("model_path", "dataset", "split", "sampling", "max_iterations", "context_budget", "guard")
 

@@ -37,10 +37,9 @@ from enum import StrEnum, auto
 from typing import Any
 
 from pydantic import PrivateAttr
-
-from envs.errors import SandboxError
-from harness.prompts import COMPACT_SYSTEM_PROMPT, nudge_text
-from harness.trace import Status
+from sao_harness.envs.errors import SandboxError
+from sao_harness.harness.prompts import COMPACT_SYSTEM_PROMPT, nudge_text
+from sao_harness.harness.trace import Status
 
 DEFAULT_MODEL = "openai/sao-policy"  # litellm's OpenAI-compatible route; the proxy ignores the name
 
@@ -68,8 +67,7 @@ def load_sdk() -> dict[str, Any]:
         from openhands.sdk.event.conversation_error import ConversationErrorEvent
         from openhands.sdk.llm import exceptions as llm_exc
         from openhands.sdk.tool.builtins import FinishAction
-
-        from harness.tools import SandboxTarget, SandboxTools, SandboxUnavailable  # lazy: imports the SDK
+        from sao_harness.harness.tools import SandboxTarget, SandboxTools, SandboxUnavailable  # lazy: imports the SDK
 
         class EpisodeLLM(LLM):
             """``LLM`` counting its requests (the SDK's metrics skip replies it could not parse)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from core.errors import UserError
+from sao_harness.core.errors import UserError
 
 
 def register(sub, add_config_args):
@@ -34,14 +34,14 @@ def register(sub, add_config_args):
 
 
 def cmd_rollout(args) -> int:
-    from harness.rollout import run_rollout  # lazy: CLI handler (keeps `sao --help` fast)
+    from sao_harness.harness.rollout import run_rollout  # lazy: CLI handler (keeps `sao --help` fast)
 
     stats = run_rollout(args.cfg)
     return 0 if stats.done + stats.skipped >= stats.total else 1
 
 
 def cmd_model_tiny(args) -> int:
-    from harness.tiny_model import build_tiny_model  # lazy: CLI handler (keeps `sao --help` fast)
+    from sao_harness.harness.tiny_model import build_tiny_model  # lazy: CLI handler (keeps `sao --help` fast)
 
     out = build_tiny_model(args.out, args.seed)
     print(f"tiny model written to {out}")
@@ -49,7 +49,7 @@ def cmd_model_tiny(args) -> int:
 
 
 def cmd_trace_list(args) -> int:
-    from harness.store import read_traces  # lazy: CLI handler (pyarrow)
+    from sao_harness.harness.store import read_traces  # lazy: CLI handler (pyarrow)
 
     for i, t in enumerate(read_traces(args.path)):
         print(f"{i:4d} {t.traj_id} task={t.task_id} status={t.status} reward={t.reward} turns={t.turns} "
@@ -69,7 +69,7 @@ def _load_tokenizer(path):
 
 
 def cmd_trace_show(args) -> int:
-    from harness.store import read_traces  # lazy: CLI handler (pyarrow)
+    from sao_harness.harness.store import read_traces  # lazy: CLI handler (pyarrow)
 
     trajs = read_traces(args.path)
     try:

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
-
-from core.config import Section
-from harness.engines.registry import ENGINES, engine_spec
-from harness.tiny_model import MODEL_SHAPE, resolve_model_path
+from sao_harness.core.config import Section
+from sao_harness.harness.engines.registry import ENGINES, engine_spec
+from sao_harness.harness.tiny_model import MODEL_SHAPE, resolve_model_path
 
 
 class ModelConfig(Section):
@@ -97,7 +96,7 @@ class EngineConfig(Section):
     @field_validator("vllm_args")
     @classmethod
     def _known_vllm_args(cls, v: dict) -> dict:
-        from harness.engines.vllm_args import check_vllm_args  # lazy: the engines package
+        from sao_harness.harness.engines.vllm_args import check_vllm_args  # lazy: the engines package
 
         return check_vllm_args(v)
 

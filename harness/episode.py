@@ -17,17 +17,17 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from envs.engine import docker_client
-from envs.errors import SandboxError
-from envs.limits import DiskLimitExceeded, PatchTooLarge, PatchUnavailable
-from envs.pull import ensure_image
-from envs.sandbox import Sandbox
-from harness.agent import AgentSettings, run_agent
-from harness.prompts import instruction_for
-from harness.proxy import UnknownEpisode
-from harness.trace import GRADED, Status, Trajectory
-from tasks.grade import grade
-from tasks.scrub import sandbox_image
+from sao_harness.envs.engine import docker_client
+from sao_harness.envs.errors import SandboxError
+from sao_harness.envs.limits import DiskLimitExceeded, PatchTooLarge, PatchUnavailable
+from sao_harness.envs.pull import ensure_image
+from sao_harness.envs.sandbox import Sandbox
+from sao_harness.harness.agent import AgentSettings, run_agent
+from sao_harness.harness.prompts import instruction_for
+from sao_harness.harness.proxy import UnknownEpisode
+from sao_harness.harness.trace import GRADED, Status, Trajectory
+from sao_harness.tasks.grade import grade
+from sao_harness.tasks.scrub import sandbox_image
 
 LIMIT_STATUS = {PatchTooLarge: Status.PATCH_TOO_LARGE, PatchUnavailable: Status.PATCH_UNAVAILABLE,
                 DiskLimitExceeded: Status.DISK_EXCEEDED}  # the agent's doing: reward 0

@@ -18,9 +18,8 @@ from __future__ import annotations
 import io
 import tarfile
 
+from sao_harness.harness.scripted_policy import REPO, patch_to_tool_calls, tool_call
 from unidiff import PatchSet
-
-from harness.scripted_policy import REPO, patch_to_tool_calls, tool_call
 
 FINISH_MESSAGE = "Done."
 # Changed runs this close (unchanged lines between) are one edit: repeating a few lines in old_str and
@@ -133,8 +132,8 @@ def expert_replies(task, read_file=None, repo: str = REPO) -> list[str]:
 
 def image_file_reader(docker_cfg=None):
     """``read_file(image, path) -> str | None``: the file at ``path`` in ``image`` (None if absent/unreadable)."""
-    from envs.engine import docker_client  # lazy: docker-py is heavy
-    from envs.labels import run_labels  # lazy: next to docker_client
+    from sao_harness.envs.engine import docker_client  # lazy: docker-py is heavy
+    from sao_harness.envs.labels import run_labels  # lazy: next to docker_client
 
     def read_file(image: str, path: str) -> str | None:
         client = docker_client(docker_cfg)

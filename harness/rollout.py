@@ -16,19 +16,18 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
-
-from envs.engine import ensure_engine
-from envs.gc import run_scope
-from harness.engines import make_engine
-from harness.episode import EpisodeContext
-from harness.proxy import ProxyServer
-from harness.runner import episode_function, run_with_retries
-from harness.store import TraceStore
-from harness.tiny_model import resolve_model_path
-from harness.trace import Status, Trajectory
-from tasks.images import prepare_task_images
-from tasks.loaders import tasks_from_config
-from tasks.preflight import preflight
+from sao_harness.envs.engine import ensure_engine
+from sao_harness.envs.gc import run_scope
+from sao_harness.harness.engines import make_engine
+from sao_harness.harness.episode import EpisodeContext
+from sao_harness.harness.proxy import ProxyServer
+from sao_harness.harness.runner import episode_function, run_with_retries
+from sao_harness.harness.store import TraceStore
+from sao_harness.harness.tiny_model import resolve_model_path
+from sao_harness.harness.trace import Status, Trajectory
+from sao_harness.tasks.images import prepare_task_images
+from sao_harness.tasks.loaders import tasks_from_config
+from sao_harness.tasks.preflight import preflight
 
 
 @dataclass

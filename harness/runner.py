@@ -19,18 +19,19 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from core.errors import UserError
+from sao_harness.core.errors import UserError
 
 if TYPE_CHECKING:
-    from harness.episode import EpisodeContext
-    from harness.trace import Trajectory
+    from sao_harness.harness.episode import EpisodeContext
+    from sao_harness.harness.trace import Trajectory
 
 EpisodeFn = Callable[[object, "EpisodeContext", str], "Trajectory"]
 
 EPISODES: dict[str, EpisodeFn | str] = {
-    "swe": "harness.episode:run_episode",  # OpenHands in a Docker sandbox, graded
-    "simulated": "harness.testbeds.simulated:run_simulated_episode",  # real generations, sleeps (tests, bench)
-    "toy": "harness.testbeds.toy:run_toy_episode",  # the learning test-bed
+    "swe": "sao_harness.harness.episode:run_episode",  # OpenHands in a Docker sandbox, graded
+    # real generations, sleeps (tests, bench)
+    "simulated": "sao_harness.harness.testbeds.simulated:run_simulated_episode",
+    "toy": "sao_harness.harness.testbeds.toy:run_toy_episode",  # the learning test-bed
 }
 
 
@@ -71,8 +72,8 @@ def run_with_retries(episode_fn: EpisodeFn, task, ctx: EpisodeContext, max_retri
     `on_attempt(traj)` after it (what it raises propagates); `stop()` true before an attempt ends the
     loop (None when no attempt ran).
     """
-    from harness.episode import new_episode_id  # lazy: loads the agent; config validation imports EPISODES
-    from harness.trace import Status, Trajectory  # lazy: pyarrow, as above
+    from sao_harness.harness.episode import new_episode_id  # lazy: loads the agent; config validation imports EPISODES
+    from sao_harness.harness.trace import Status, Trajectory  # lazy: pyarrow, as above
 
     traj = None
     for attempt in range(max_retries + 1):

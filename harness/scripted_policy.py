@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import json
 
+from sao_harness.harness.engines.scripted import ScriptedEngine
 from unidiff import PatchSet
-
-from harness.engines.scripted import ScriptedEngine
 
 REPO = "/testbed"
 

@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
-
-from core.errors import UserError
-from core.files import atomic_write
-from harness.trace import Trajectory, to_table
+from sao_harness.core.errors import UserError
+from sao_harness.core.files import atomic_write
+from sao_harness.harness.trace import Trajectory, to_table
 
 SHARD_GLOB = "shard-*.parquet"
 

@@ -17,7 +17,7 @@ import json
 import sysconfig
 from pathlib import Path
 
-from core.files import atomic_dir
+from sao_harness.core.files import atomic_dir
 
 RECIPE_VERSION = 1
 VOCAB_SIZE = 4096

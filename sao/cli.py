@@ -15,13 +15,14 @@ import logging
 import os
 import sys
 
-from core.config import ConfigError
-from core.errors import UserError
-from harness.config import context_budget
-from sao.config import config_table, dump_config, load_config
-from trainer.gpu_plan import plan as gpu_plan
+from sao_harness.core.config import ConfigError
+from sao_harness.core.errors import UserError
+from sao_harness.harness.config import context_budget
+from sao_harness.sao.config import config_table, dump_config, load_config
+from sao_harness.trainer.gpu_plan import plan as gpu_plan
 
-AREAS = ("envs.cli", "tasks.cli", "harness.cli", "trainer.cli", "eval.cli", "sao.serve")
+AREAS = tuple(f"sao_harness.{m}" for m in (
+    "envs.cli", "tasks.cli", "harness.cli", "trainer.cli", "eval.cli", "sao.serve"))
 
 DEFAULT_CONFIG = "configs/local.yaml"
 
@@ -76,19 +77,19 @@ def cmd_config(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from sao.demo import run_demo  # lazy: the demo pulls in every stage
+    from sao_harness.sao.demo import run_demo  # lazy: the demo pulls in every stage
 
     return run_demo(args.cfg)
 
 
 def cmd_learn(args) -> int:
-    from sao.learn import run_learn  # lazy: the learning demo pulls in every stage
+    from sao_harness.sao.learn import run_learn  # lazy: the learning demo pulls in every stage
 
     return run_learn(args.cfg)
 
 
 def cmd_doctor(args) -> int:
-    from sao.doctor import doctor  # lazy: the checks import docker-py, torch and ray
+    from sao_harness.sao.doctor import doctor  # lazy: the checks import docker-py, torch and ray
 
     label = args.config or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else "built-in defaults")
     return doctor(args.cfg, label)

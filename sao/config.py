@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
-
-from core.config import RunConfig, Section, dump_yaml, load_yaml, validate
-from envs.config import DockerConfig, SandboxConfig
-from eval.config import EvalConfig
-from harness.config import (
+from sao_harness.core.config import RunConfig, Section, dump_yaml, load_yaml, validate
+from sao_harness.envs.config import DockerConfig, SandboxConfig
+from sao_harness.eval.config import EvalConfig
+from sao_harness.harness.config import (
     AgentConfig,
     EngineConfig,
     ModelConfig,
@@ -26,10 +25,10 @@ from harness.config import (
     RolloutConfig,
     SamplingConfig,
 )
-from harness.testbeds.config import SimulatedConfig, TestbedConfig
-from tasks.config import TasksConfig
-from trainer.config import RuntimeConfig, SFTConfig, TrainerConfig, ValuePretrainConfig
-from trainer.gpu_plan import plan as gpu_plan
+from sao_harness.harness.testbeds.config import SimulatedConfig, TestbedConfig
+from sao_harness.tasks.config import TasksConfig
+from sao_harness.trainer.config import RuntimeConfig, SFTConfig, TrainerConfig, ValuePretrainConfig
+from sao_harness.trainer.gpu_plan import plan as gpu_plan
 
 __all__ = ["MOVED_KEYS", "Config", "config_table", "dump_config", "load_config"]
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sao.config import dump_config
-from sao.demo_report import write_demo_report
-from sao.learn import Stages, _list, _pct, eval_resolved, fresh_dir
-from trainer.compare import summarize
-from trainer.metrics import read_metrics
+from sao_harness.sao.config import dump_config
+from sao_harness.sao.demo_report import write_demo_report
+from sao_harness.sao.learn import Stages, _list, _pct, eval_resolved, fresh_dir
+from sao_harness.trainer.compare import summarize
+from sao_harness.trainer.metrics import read_metrics
 
 POLICIES = ("base", "sft", "sao")
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import UserError
-from harness.engines.registry import engine_spec
+from sao_harness.core.errors import UserError
+from sao_harness.harness.engines.registry import engine_spec
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHONS = ((3, 12), (3, 13))  # scripts/setup.sh accepts these
@@ -81,7 +81,7 @@ def check_venv(root: Path = REPO, prefix: str = sys.prefix) -> Check:
 def check_engine(docker_cfg, find=None, euid: int | None = None) -> tuple[Check, str | None]:
     """(the line, the URL of the engine that answers or None); nothing is started."""
     # lazy: envs.engine pulls in the engine helpers only where this check runs
-    from envs.engine import find_engine
+    from sao_harness.envs.engine import find_engine
 
     url, reasons = (find or find_engine)(docker_cfg)
     if url is not None:
@@ -99,7 +99,7 @@ def check_engine(docker_cfg, find=None, euid: int | None = None) -> tuple[Check,
 
 def check_storage(info: dict, docker_cfg) -> Check:
     # lazy: envs.limits only where an engine answers
-    from envs.limits import HARD_CAP_DRIVERS
+    from sao_harness.envs.limits import HARD_CAP_DRIVERS
 
     driver = info.get("Driver") or "?"
     capped = driver in HARD_CAP_DRIVERS
@@ -146,7 +146,7 @@ def _tagged(name: str) -> str:
 
 def check_base_image(names: set[str], docker_cfg) -> Check:
     # lazy: envs.images only where an engine answers
-    from envs.images import base_tag
+    from sao_harness.envs.images import base_tag
 
     tag = base_tag(docker_cfg)
     if _tagged(tag) in names:
@@ -170,11 +170,11 @@ def hub_unreachable(kind: str, repo_id: str) -> str | None:
     """Why the Hugging Face hub cannot serve the ``kind`` (model | dataset) ``repo_id`` now; None: it can."""
     if kind == "dataset":
         # lazy: the loaders' own probe, with its offline flags
-        from tasks.loaders import hub_unreachable_reason
+        from sao_harness.tasks.loaders import hub_unreachable_reason
 
         return hub_unreachable_reason(repo_id)
     # lazy: the model probe needs the loaders' offline flag and timeout
-    from tasks.loaders import HUB_PROBE_TIMEOUT_S, _offline_flag
+    from sao_harness.tasks.loaders import HUB_PROBE_TIMEOUT_S, _offline_flag
 
     if _offline_flag():
         return "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set"
@@ -192,7 +192,7 @@ def hub_unreachable(kind: str, repo_id: str) -> str | None:
 def tiny_model_dir(model_cfg) -> Path:
     """Where ``model.path: tiny`` lives once built (``harness.tiny_model.ensure_tiny_model``'s target)."""
     # lazy: the tiny model's recipe hash reads the standard-library corpus
-    from harness.tiny_model import recipe_hash
+    from sao_harness.harness.tiny_model import recipe_hash
 
     seed = model_cfg.tiny_seed
     return Path(model_cfg.cache_dir) / f"tiny-qwen3moe-s{seed}-{recipe_hash(seed)}"
@@ -227,7 +227,7 @@ def check_model(model_cfg, probe: Callable[[str, str], str | None] = hub_unreach
 def check_dataset(name: str, key: str, source: str, probe: Callable[[str, str], str | None] = hub_unreachable) -> Check:
     """Whether the task source ``source`` (config key ``key``) can be read here."""
     # lazy: the loaders only where a config names a source
-    from tasks.loaders import is_local, resolve_task_repo
+    from sao_harness.tasks.loaders import is_local, resolve_task_repo
 
     repo = resolve_task_repo(source)
     if repo is not None:
@@ -250,7 +250,7 @@ def check_dataset(name: str, key: str, source: str, probe: Callable[[str, str], 
 def check_task_images(name: str, source: str, tasks, names: set[str] | None) -> Check:
     """Which images of ``tasks`` (from ``source``) are present; a task repo's are built by the run itself."""
     # lazy: the loaders only where a config names a source
-    from tasks.loaders import resolve_task_repo
+    from sao_harness.tasks.loaders import resolve_task_repo
 
     if names is None:
         return Check(name, "--", "not checked: no Docker engine answers (above)")
@@ -323,7 +323,7 @@ def vllm_version(python: str | None, run=subprocess.run) -> str | None:
 
 def check_vllm(engine_cfg, version: Callable[[str | None], str | None] = vllm_version) -> Check:
     # lazy: the engine's interpreter rule (harness.engines.vllm_env) only where this check runs
-    from harness.engines.vllm_env import vllm_python
+    from sao_harness.harness.engines.vllm_env import vllm_python
 
     python = vllm_python(engine_cfg)
     found = version(python)
@@ -352,7 +352,7 @@ def run_checks(cfg, *, client_for: Callable[[str], object] | None = None) -> lis
                                                                                              "base image")]
     else:
         # lazy: docker-py only where an engine answers
-        from envs.engine import PROBE_TIMEOUT_S, _client
+        from sao_harness.envs.engine import PROBE_TIMEOUT_S, _client
 
         client = client_for(url) if client_for else _client(url, PROBE_TIMEOUT_S)
         info = client.info()
@@ -373,7 +373,7 @@ def run_checks(cfg, *, client_for: Callable[[str], object] | None = None) -> lis
 
 def _images_of(name: str, source: str, split: str, adapter: str, instances, data: Check, names) -> Check:
     # lazy: the loaders only where a config names a source
-    from tasks.loaders import is_local, load_tasks_lenient, resolve_task_repo
+    from sao_harness.tasks.loaders import is_local, load_tasks_lenient, resolve_task_repo
 
     if data.status == "FAIL":
         return Check(name, "--", "not checked: the data is not readable (above)")

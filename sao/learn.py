@@ -28,10 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-from eval.paths import JsonlLog
-from sao.config import dump_config
-from sao.learn_report import VALUE_DIR, VALUE_STAGES, write_report
-from tasks.grade_status import INFRA_FAILURES, GradeStatus
+from sao_harness.eval.paths import JsonlLog
+from sao_harness.sao.config import dump_config
+from sao_harness.sao.learn_report import VALUE_DIR, VALUE_STAGES, write_report
+from sao_harness.tasks.grade_status import INFRA_FAILURES, GradeStatus
 
 ARM_DIRS = {"sao": "sao", "grpo+dis": "grpo-dis", "grpo": "grpo"}
 ARM_OVERRIDES = {
@@ -92,7 +92,7 @@ class Stages:
         self.seconds: dict[str, float] = {}
 
     def run(self, name: str, args: list[str], config: Path | None = None) -> bool:
-        cmd = [sys.executable, "-m", "sao.cli", args[0], "--config", str(config or self.config), *args[1:]]
+        cmd = [sys.executable, "-m", "sao_harness.sao.cli", args[0], "--config", str(config or self.config), *args[1:]]
         self.log(f"\n=== {self.prefix}: {name} ===\n$ sao {' '.join(cmd[3:])}")
         sys.stdout.flush()
         t0 = time.monotonic()

@@ -18,11 +18,11 @@ import os
 import platform
 from pathlib import Path
 
-from core.files import atomic_write_text
-from tasks.grade_status import INFRA_FAILURES
-from trainer.compare import summarize
-from trainer.metrics import read_metrics
-from trainer.plots import _moving_average
+from sao_harness.core.files import atomic_write_text
+from sao_harness.tasks.grade_status import INFRA_FAILURES
+from sao_harness.trainer.compare import summarize
+from sao_harness.trainer.metrics import read_metrics
+from sao_harness.trainer.plots import _moving_average
 
 CURVES = [("rollout/reward_mean", "training episodes resolved (reward)", 1.0),
           ("critic/explained_variance", "critic explained variance", 1.0),

@@ -16,8 +16,8 @@ def _serve(args) -> int:
     import uvicorn  # lazy: heavy server dependency
 
     # lazy: keeps `sao --help` fast
-    from harness.proxy import ProxyServer, check_loopback
-    from harness.store import TraceStore
+    from sao_harness.harness.proxy import ProxyServer, check_loopback
+    from sao_harness.harness.store import TraceStore
 
     cfg = args.cfg
     if args.model:
@@ -28,8 +28,8 @@ def _serve(args) -> int:
     check_loopback(host, token)
 
     # lazy: keeps `sao --help` fast
-    from harness.engines import make_engine
-    from harness.tiny_model import resolve_model_path
+    from sao_harness.harness.engines import make_engine
+    from sao_harness.harness.tiny_model import resolve_model_path
 
     engine = make_engine(cfg)
     tokenizer = getattr(engine, "tokenizer", None)

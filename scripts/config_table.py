@@ -8,7 +8,7 @@ by ``sao config --markdown`` (``sao.config.config_table()``), and nothing else i
 import sys
 from pathlib import Path
 
-from sao.config import config_table
+from sao_harness.sao.config import config_table
 
 CONFIG_DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 HEADER = "| key | default |"

@@ -34,8 +34,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tasks import specs
-from tasks.evalscript import CONDA, eval_script, test_files
+from sao_harness.tasks import specs
+from sao_harness.tasks.evalscript import CONDA, eval_script, test_files
 
 Row = dict[str, Any]
 Adapted = tuple[Row, list[str]]

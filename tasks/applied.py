@@ -20,8 +20,8 @@ import re
 import stat
 from dataclasses import dataclass
 
-from tasks.diffparse import file_changes
-from tasks.guard import FUZZY_APPLY, HIDDEN_CHANGE, SYMLINK, Hack, path_kinds
+from sao_harness.tasks.diffparse import file_changes
+from sao_harness.tasks.guard import FUZZY_APPLY, HIDDEN_CHANGE, SYMLINK, Hack, path_kinds
 
 WORKDIR = "/testbed"
 REVERSE_CHECK = "git apply --check --reverse"

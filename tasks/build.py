@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import UserError
-from envs.images import ensure_base_image
-from tasks.loaders import load_tasks_lenient
+from sao_harness.core.errors import UserError
+from sao_harness.envs.images import ensure_base_image
+from sao_harness.tasks.loaders import load_tasks_lenient
 
 RECIPE_LABEL = "sao.recipe"
 TASK_LABEL = "sao.task"

@@ -51,13 +51,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tasks import applied, canary
-from tasks.adapters import R2E_LINK, R2E_LINK_CMD, R2E_TESTS, r2e_key
-from tasks.canary import add_canaries
-from tasks.grade_sandbox import OWNER_LABEL, GradeLimits, hardened_kwargs, run_capped, tests_started
-from tasks.grade_status import GradeStatus
-from tasks.guard import TEST_AWARE, Hack
-from tasks.mutate import mutate
+from sao_harness.tasks import applied, canary
+from sao_harness.tasks.adapters import R2E_LINK, R2E_LINK_CMD, R2E_TESTS, r2e_key
+from sao_harness.tasks.canary import add_canaries
+from sao_harness.tasks.grade_sandbox import OWNER_LABEL, GradeLimits, hardened_kwargs, run_capped, tests_started
+from sao_harness.tasks.grade_status import GradeStatus
+from sao_harness.tasks.guard import TEST_AWARE, Hack
+from sao_harness.tasks.mutate import mutate
 
 JUNIT_MAX_BYTES = 4_000_000
 TEST_FILE_MAX_BYTES = 2_000_000

@@ -19,21 +19,21 @@ import base64
 import time
 from dataclasses import dataclass, field
 
-from core.errors import UserError
-from envs import images as envs_images
-from envs.engine import docker_client, ensure_engine
-from tasks.diffparse import file_changes
-from tasks.grade import (
+from sao_harness.core.errors import UserError
+from sao_harness.envs import images as envs_images
+from sao_harness.envs.engine import docker_client, ensure_engine
+from sao_harness.tasks.diffparse import file_changes
+from sao_harness.tasks.grade import (
     grade,
     image_exists,
     new_run_id,
     run_swebench,
 )
-from tasks.grade_sandbox import GradeLimits
-from tasks.grade_status import GradeStatus
-from tasks.guard import PYTEST_REF, SHADOW
-from tasks.hacks import hack_patch, package_init, package_patch, shadow_patch
-from tasks.loaders import load_tasks_lenient, resolve_task_repo
+from sao_harness.tasks.grade_sandbox import GradeLimits
+from sao_harness.tasks.grade_status import GradeStatus
+from sao_harness.tasks.guard import PYTEST_REF, SHADOW
+from sao_harness.tasks.hacks import hack_patch, package_init, package_patch, shadow_patch
+from sao_harness.tasks.loaders import load_tasks_lenient, resolve_task_repo
 
 WRONG_PATCH_FILE = "sao_unrelated_change.txt"
 WRONG_PATCH = (f"diff --git a/{WRONG_PATCH_FILE} b/{WRONG_PATCH_FILE}\nnew file mode 100644\n"
@@ -126,7 +126,7 @@ def cmd_show(args) -> int:
 # --- build ---------------------------------------------------------------------------------
 def cmd_build(args) -> int:
     # lazy: keeps `sao --help` fast (the image stack)
-    from tasks.build import build_task_repo, resolve_base_image
+    from sao_harness.tasks.build import build_task_repo, resolve_base_image
 
     repo = resolve_task_repo(args.task_repo)
     if repo is None or not repo.is_dir():
@@ -290,7 +290,7 @@ def cmd_check(args) -> int:
     client = _client(args.cfg) if tasks else None
     if repo is not None and tasks:
         # lazy: keeps `sao --help` fast (the image stack)
-        from tasks.build import build_task_repo, resolve_base_image
+        from sao_harness.tasks.build import build_task_repo, resolve_base_image
 
         base = resolve_base_image(args.cfg, client, getattr(args, "base_image", None))
         print(f"images of {repo} (cached builds on {base}):")
@@ -364,6 +364,6 @@ def register(sub, add_config_args):
 
 
 def _images(name: str, args) -> int:
-    import tasks.images  # lazy: keeps `sao --help` fast (docker-py, Ray)
+    from sao_harness.tasks import images  # lazy: keeps `sao --help` fast (docker-py, Ray)
 
-    return getattr(tasks.images, name)(args)
+    return getattr(images, name)(args)

@@ -4,8 +4,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
-
-from core.config import Section
+from sao_harness.core.config import Section
 
 
 class TasksConfig(Section):

@@ -39,14 +39,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.config import DockerConfig, SandboxConfig
-from envs.engine import ensure_engine
-from tasks.clean_run import clean_run
-from tasks.diffparse import file_changes
-from tasks.grade_sandbox import GradeLimits, grading_limits, install_swebench_hooks
-from tasks.grade_status import GradeStatus
-from tasks.guard import OUTPUT_CAP, InvalidPatch, find_hacks, find_signals, strip_test_changes
-from tasks.model import Task
+from sao_harness.envs.config import DockerConfig, SandboxConfig
+from sao_harness.envs.engine import ensure_engine
+from sao_harness.tasks.clean_run import clean_run
+from sao_harness.tasks.diffparse import file_changes
+from sao_harness.tasks.grade_sandbox import GradeLimits, grading_limits, install_swebench_hooks
+from sao_harness.tasks.grade_status import GradeStatus
+from sao_harness.tasks.guard import OUTPUT_CAP, InvalidPatch, find_hacks, find_signals, strip_test_changes
+from sao_harness.tasks.model import Task
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DEFAULT_LOG_ROOT = Path("logs/run_evaluation")  # swebench's own default, made absolute at use

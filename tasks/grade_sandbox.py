@@ -24,8 +24,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from envs.config import SandboxConfig, size_bytes
-from envs.limits import hard_disk_cap
+from sao_harness.envs.config import SandboxConfig, size_bytes
+from sao_harness.envs.limits import hard_disk_cap
 
 DEFAULT_OUTPUT_CAP_BYTES = 16_000_000  # = eval.grade_output_cap_bytes's default
 OWNER_LABEL = "sao-harness.owner"

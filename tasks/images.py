@@ -19,15 +19,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-
-from core.errors import UserError
-from envs.engine import docker_client
-from envs.errors import SandboxError
-from envs.pull import fetch_images, save_images
-from tasks.build import build_task_repo, resolve_base_image
-from tasks.grade import image_exists
-from tasks.loaders import resolve_task_repo, tasks_from_config
-from tasks.scrub import sandbox_image
+from sao_harness.core.errors import UserError
+from sao_harness.envs.engine import docker_client
+from sao_harness.envs.errors import SandboxError
+from sao_harness.envs.pull import fetch_images, save_images
+from sao_harness.tasks.build import build_task_repo, resolve_base_image
+from sao_harness.tasks.grade import image_exists
+from sao_harness.tasks.loaders import resolve_task_repo, tasks_from_config
+from sao_harness.tasks.scrub import sandbox_image
 
 REGISTRY = "registry-1.docker.io"
 

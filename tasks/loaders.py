@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import json
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from core.errors import UserError
-from tasks.adapters import adapt
-from tasks.model import Task, TaskError
+from sao_harness.core.errors import UserError
+from sao_harness.tasks.adapters import adapt
+from sao_harness.tasks.model import Task, TaskError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-BUNDLED = PROJECT_ROOT / "tasks" / "bundled"
+BUNDLED = Path(str(resources.files(__package__) / "bundled"))  # package data: in the checkout or the wheel
 HUB_PROBE_TIMEOUT_S = 4.0
 
 

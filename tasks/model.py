@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import UserError
+from sao_harness.core.errors import UserError
 
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS")
 TEXT_FIELDS = ("patch", "test_patch", "hints_text", "version")

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from core.errors import UserError
-from tasks.loaders import resolve_task_repo
-from tasks.model import Task, TaskError
+from sao_harness.core.errors import UserError
+from sao_harness.tasks.loaders import resolve_task_repo
+from sao_harness.tasks.model import Task, TaskError
 
 EXAMPLES = 3
 
@@ -67,9 +67,9 @@ def image_check(cfg, source: str, *, pull: bool = False) -> Callable[[Task], str
     if resolve_task_repo(source) is not None:
         return lambda task: None  # built before the first episode (tasks.images.prepare_task_images)
     # lazy: docker-py and httpx are heavy; only a run that grades needs them
-    from envs.engine import ensure_engine
-    from tasks.grade import image_exists
-    from tasks.images import registry_unreachable_reason
+    from sao_harness.envs.engine import ensure_engine
+    from sao_harness.tasks.grade import image_exists
+    from sao_harness.tasks.images import registry_unreachable_reason
 
     client = ensure_engine(cfg.docker)
     present: dict[str, bool] = {}

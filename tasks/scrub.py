@@ -19,11 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-
-from envs.config import DockerConfig, SandboxConfig
-from envs.scrub import ScrubResult, scrubbed_image
-from tasks.build import BASE_LABEL, RECIPE_LABEL, TASK_LABEL, recipe_hash
-from tasks.loaders import BUNDLED
+from sao_harness.envs.config import DockerConfig, SandboxConfig
+from sao_harness.envs.scrub import ScrubResult, scrubbed_image
+from sao_harness.tasks.build import BASE_LABEL, RECIPE_LABEL, TASK_LABEL, recipe_hash
+from sao_harness.tasks.loaders import BUNDLED
 
 MODES = ("auto", "always", "never")
 

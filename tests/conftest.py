@@ -12,14 +12,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from envs.config import DockerConfig, SandboxConfig
-from envs.engine import ensure_engine
-from envs.errors import EngineError
-from envs.gc import cleanup_run
-from envs.images import ensure_base_image
-from envs.sandbox import Sandbox
-from harness.tiny_model import ensure_tiny_model
+from sao_harness.envs.config import DockerConfig, SandboxConfig
+from sao_harness.envs.engine import ensure_engine
+from sao_harness.envs.errors import EngineError
+from sao_harness.envs.gc import cleanup_run
+from sao_harness.envs.images import ensure_base_image
+from sao_harness.envs.sandbox import Sandbox
+from sao_harness.harness.tiny_model import ensure_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

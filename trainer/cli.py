@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from tasks.loaders import tasks_from_config
-from tasks.preflight import preflight
+from sao_harness.tasks.loaders import tasks_from_config
+from sao_harness.tasks.preflight import preflight
 
 
 def register(sub, add_config_args):
@@ -39,8 +39,8 @@ def cmd_train(args) -> int:
     if args.cfg.trainer.env == "swe":  # before torch loads and the first episode: usable tasks only
         args.cfg.tasks.instances = [t.instance_id for t in preflight(args.cfg, *tasks_from_config(args.cfg))]
     # lazy: keep `sao --help` fast (torch)
-    from trainer.loop import train
-    from trainer.ray_utils import LoopError
+    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.ray_utils import LoopError
 
     try:
         train(args.cfg, log=lambda msg: print(msg, flush=True))
@@ -52,27 +52,27 @@ def cmd_train(args) -> int:
 
 def cmd_value_pretrain(args) -> int:
     # lazy: keep `sao --help` fast
-    from trainer.value_pretrain import cmd_value_pretrain as run
+    from sao_harness.trainer.value_pretrain import cmd_value_pretrain as run
 
     return run(args)
 
 
 def cmd_sft(args) -> int:
     # lazy: keep `sao --help` fast
-    from trainer.sft import cmd_sft as run
+    from sao_harness.trainer.sft import cmd_sft as run
 
     return run(args)
 
 
 def cmd_runs_plot(args) -> int:
     # lazy: keep `sao --help` fast
-    from trainer.plots import cmd_runs_plot as run
+    from sao_harness.trainer.plots import cmd_runs_plot as run
 
     return run(args)
 
 
 def cmd_runs_compare(args) -> int:
     # lazy: keep `sao --help` fast
-    from trainer.compare import cmd_runs_compare as run
+    from sao_harness.trainer.compare import cmd_runs_compare as run
 
     return run(args)

@@ -18,9 +18,9 @@ import base64
 import html
 from pathlib import Path
 
-from core.errors import UserError
-from trainer.metrics import read_metrics
-from trainer.plots import _moving_average, _series
+from sao_harness.core.errors import UserError
+from sao_harness.trainer.metrics import read_metrics
+from sao_harness.trainer.plots import _moving_average, _series
 
 WINDOW = 5
 REWARD, EV, MASKED = "rollout/reward_mean", "critic/explained_variance", "policy/dis_masked"

@@ -10,9 +10,8 @@ import warnings
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
-
-from core.config import Section
-from harness.runner import check_env
+from sao_harness.core.config import Section
+from sao_harness.harness.runner import check_env
 
 
 class TrainerConfig(Section):

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.errors import UserError
-from harness.store import read_traces
-from harness.trace import Trajectory
+from sao_harness.core.errors import UserError
+from sao_harness.harness.store import read_traces
+from sao_harness.harness.trace import Trajectory
 
 
 @dataclass

@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
-from core.errors import UserError
-from trainer.config import TrainerConfig
-from trainer.models import Critic, critic_freeze_patterns, freeze_parameters, load_critic
+from sao_harness.core.errors import UserError
+from sao_harness.trainer.config import TrainerConfig
+from sao_harness.trainer.models import Critic, critic_freeze_patterns, freeze_parameters, load_critic
 
 
 def freeze_critic(critic: Critic, trainer: TrainerConfig) -> list[str]:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.engines.registry import engine_spec, replica_gpus
+from sao_harness.harness.engines.registry import engine_spec, replica_gpus
 
 GiB = 2 ** 30
 TRAINER_MEMORY_FRACTION = 0.9  # the rest: CUDA context, NCCL buffers, allocator fragmentation
@@ -251,9 +251,8 @@ def _nodes(nodes: list[int]) -> str:
 def model_shapes(model_cfg) -> tuple[Shapes, str]:
     """(Shapes, where they came from) of ``model.path``: its config.json (read offline), else
     ``model.config``; both present and different on a field is an error naming it."""
+    from sao_harness.harness.tiny_model import MODEL_SHAPE, VOCAB_SIZE  # lazy: only the tiny model's recipe
     from transformers import AutoConfig  # lazy: transformers is heavy
-
-    from harness.tiny_model import MODEL_SHAPE, VOCAB_SIZE  # lazy: only the tiny model's recipe
 
     given = dict(getattr(model_cfg, "config", None) or {})
     if model_cfg.path == "tiny":  # the recipe's shapes, without building the model
@@ -293,7 +292,7 @@ def _place(free: list[int], demand: list[int]) -> list[int] | None:
 def plan(cfg) -> GPUPlan | None:
     """The GPU plan of a run config (None where ``cluster.nodes`` is 0: no nodes described); a plan
     that does not fit its nodes is a ValueError naming the key to change."""
-    from harness.config import context_budget  # lazy: reads the model's config
+    from sao_harness.harness.config import context_budget  # lazy: reads the model's config
 
     c = cfg.cluster
     if not c.nodes:

@@ -47,20 +47,19 @@ from pathlib import Path
 
 import ray
 import torch
-
-from core.errors import UserError
-from core.runlock import lock_file
-from envs.gc import run_scope
-from harness.config import SamplingConfig
-from harness.proxy import check_loopback
-from harness.rollout import prepare_images
-from harness.runner import episode_function
-from harness.store import TraceStore
-from harness.tiny_model import resolve_model_path
-from harness.trace import INFRA_ERRORS
-from tasks.loaders import tasks_from_config
-from trainer.actors import TaskFeed
-from trainer.checkpoint import (
+from sao_harness.core.errors import UserError
+from sao_harness.core.runlock import lock_file
+from sao_harness.envs.gc import run_scope
+from sao_harness.harness.config import SamplingConfig
+from sao_harness.harness.proxy import check_loopback
+from sao_harness.harness.rollout import prepare_images
+from sao_harness.harness.runner import episode_function
+from sao_harness.harness.store import TraceStore
+from sao_harness.harness.tiny_model import resolve_model_path
+from sao_harness.harness.trace import INFRA_ERRORS
+from sao_harness.tasks.loaders import tasks_from_config
+from sao_harness.trainer.actors import TaskFeed
+from sao_harness.trainer.checkpoint import (
     clean_partial,
     is_sharded,
     latest_checkpoint,
@@ -69,17 +68,17 @@ from trainer.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from trainer.config import RuntimeConfig, TrainerConfig
-from trainer.critic_init import initial_critic
-from trainer.metrics import MetricsLogger, progress_line
-from trainer.models import Critic, load_critic
-from trainer.queue import Counters, Entry, TraceQueue
-from trainer.ranks import Ranks, publish_weights
-from trainer.ray_utils import get, start_ray
-from trainer.sao import SAOTrainer
-from trainer.sharded import checkpoint_layers
-from trainer.weight_sync import make_weight_sync
-from trainer.workers import EngineReplicas, WorkerPool
+from sao_harness.trainer.config import RuntimeConfig, TrainerConfig
+from sao_harness.trainer.critic_init import initial_critic
+from sao_harness.trainer.metrics import MetricsLogger, progress_line
+from sao_harness.trainer.models import Critic, load_critic
+from sao_harness.trainer.queue import Counters, Entry, TraceQueue
+from sao_harness.trainer.ranks import Ranks, publish_weights
+from sao_harness.trainer.ray_utils import get, start_ray
+from sao_harness.trainer.sao import SAOTrainer
+from sao_harness.trainer.sharded import checkpoint_layers
+from sao_harness.trainer.weight_sync import make_weight_sync
+from sao_harness.trainer.workers import EngineReplicas, WorkerPool
 
 # --- setup ------------------------------------------------------------------------------------------
 

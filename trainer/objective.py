@@ -12,11 +12,10 @@ The equations live in trainer.gae and trainer.losses; this module only maps the 
 from __future__ import annotations
 
 import torch
-
-from trainer.batch import TrajectoryBatch
-from trainer.config import TrainerConfig
-from trainer.gae import length_adaptive_lambda, skip_observation_gae, token_gae
-from trainer.losses import (
+from sao_harness.trainer.batch import TrajectoryBatch
+from sao_harness.trainer.config import TrainerConfig
+from sao_harness.trainer.gae import length_adaptive_lambda, skip_observation_gae, token_gae
+from sao_harness.trainer.losses import (
     RunningMeanBaseline,
     dis_policy_loss,
     grpo_advantages,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from core.errors import UserError
-from trainer.metrics import CONSOLE, FAMILIES, METRICS_FILE, family, read_metrics
+from sao_harness.core.errors import UserError
+from sao_harness.trainer.metrics import CONSOLE, FAMILIES, METRICS_FILE, family, read_metrics
 
 MAX_COLS = 4
 

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
-from harness.store import TraceStore, read_shard
-from harness.trace import INFRA_ERRORS, Status, Trajectory
+from sao_harness.harness.store import TraceStore, read_shard
+from sao_harness.harness.trace import INFRA_ERRORS, Status, Trajectory
 
 
 @dataclass

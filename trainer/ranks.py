@@ -15,12 +15,11 @@ from __future__ import annotations
 import functools
 
 import ray
-
-from harness.config import SamplingConfig
-from trainer import distributed
-from trainer.config import RuntimeConfig, TrainerConfig
-from trainer.precision import engine_weights
-from trainer.ray_utils import get
+from sao_harness.harness.config import SamplingConfig
+from sao_harness.trainer import distributed
+from sao_harness.trainer.config import RuntimeConfig, TrainerConfig
+from sao_harness.trainer.precision import engine_weights
+from sao_harness.trainer.ray_utils import get
 
 
 def publish_weights(trainer, policy, dtype: str) -> dict:

@@ -45,28 +45,27 @@ from __future__ import annotations
 import time
 
 import torch
-from torch import nn
-
-from harness.config import SamplingConfig
-from harness.trace import TRUNCATED, Status, Trajectory
-from trainer.batch import PackedRows, TrajectoryBatch, build_batch, micro_batches, minibatches, pack
-from trainer.config import TrainerConfig
-from trainer.losses import RunningMeanBaseline, explained_variance, value_loss, whiten_advantages
-from trainer.models import (
+from sao_harness.harness.config import SamplingConfig
+from sao_harness.harness.trace import TRUNCATED, Status, Trajectory
+from sao_harness.trainer.batch import PackedRows, TrajectoryBatch, build_batch, micro_batches, minibatches, pack
+from sao_harness.trainer.config import TrainerConfig
+from sao_harness.trainer.losses import RunningMeanBaseline, explained_variance, value_loss, whiten_advantages
+from sao_harness.trainer.models import (
     Critic,
     critic_freeze_patterns,
     freeze_parameters,
     policy_token_logprobs,
     use_packed_sdpa,
 )
-from trainer.objective import policy_loss, training_advantages, value_mask
-from trainer.precision import (
+from sao_harness.trainer.objective import policy_loss, training_advantages, value_mask
+from sao_harness.trainer.precision import (
     autocast,
     enable_activation_checkpointing,
     model_dtype,
     to_master_weights,
     train_mode,
 )
+from torch import nn
 
 
 def _grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:

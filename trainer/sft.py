@@ -31,13 +31,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from core.errors import UserError
-from core.files import atomic_dir
-from harness.tiny_model import resolve_model_path
-from harness.trace import Status, Trajectory
-from trainer.config import SFTConfig
-from trainer.corpus import Corpus, read_corpus
-from trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
+from sao_harness.core.errors import UserError
+from sao_harness.core.files import atomic_dir
+from sao_harness.harness.tiny_model import resolve_model_path
+from sao_harness.harness.trace import Status, Trajectory
+from sao_harness.trainer.config import SFTConfig
+from sao_harness.trainer.corpus import Corpus, read_corpus
+from sao_harness.trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
 
 OUT_DIR = "sft"
 MODEL_DIR = "model"
@@ -296,9 +296,8 @@ def world_size(cfg) -> int:
 def _train_on_ranks(cfg, model_path: str, examples: list[dict], max_length: int, model_dir: Path,
                     report: StepReport, verbose: bool) -> list[dict]:
     """trainer.sft_dist on world_size FSDP2 ranks; what it cannot do as TRL does is a UserError here."""
+    from sao_harness.trainer import distributed, sft_dist  # lazy: torch.distributed is heavy
     from transformers import AutoConfig  # lazy: heavy
-
-    from trainer import distributed, sft_dist  # lazy: torch.distributed is heavy
 
     sft, world = cfg.sft, world_size(cfg)
     if sft.router_aux_loss_coef > 0:

@@ -36,13 +36,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-
-from core.files import atomic_dir
-from trainer import distributed, sharded
-from trainer.batch import pack_groups
-from trainer.config import SFTConfig, TrainerConfig
-from trainer.models import policy_token_logprobs, use_packed_sdpa
-from trainer.precision import autocast, train_mode
+from sao_harness.core.files import atomic_dir
+from sao_harness.trainer import distributed, sharded
+from sao_harness.trainer.batch import pack_groups
+from sao_harness.trainer.config import SFTConfig, TrainerConfig
+from sao_harness.trainer.models import policy_token_logprobs, use_packed_sdpa
+from sao_harness.trainer.precision import autocast, train_mode
 
 MAX_GRAD_NORM = 1.0  # transformers' TrainingArguments.max_grad_norm, which TRL keeps and `sao sft` never sets
 

@@ -38,21 +38,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-
-from core.errors import UserError
-from core.files import atomic_dir
-from harness.tiny_model import resolve_model_path
-from harness.trace import Trajectory
-from trainer import distributed, sharded
-from trainer.batch import TrajectoryBatch, build_batch, micro_batches, pack
-from trainer.config import TrainerConfig, ValuePretrainConfig
-from trainer.corpus import Corpus, read_corpus
-from trainer.critic_init import freeze_critic, load_backbone_critic
-from trainer.gae import skip_observation_gae
-from trainer.losses import explained_variance, value_loss
-from trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
-from trainer.models import Critic, save_critic, use_packed_sdpa
-from trainer.precision import autocast, enable_activation_checkpointing, model_dtype, to_master_weights, train_mode
+from sao_harness.core.errors import UserError
+from sao_harness.core.files import atomic_dir
+from sao_harness.harness.tiny_model import resolve_model_path
+from sao_harness.harness.trace import Trajectory
+from sao_harness.trainer import distributed, sharded
+from sao_harness.trainer.batch import TrajectoryBatch, build_batch, micro_batches, pack
+from sao_harness.trainer.config import TrainerConfig, ValuePretrainConfig
+from sao_harness.trainer.corpus import Corpus, read_corpus
+from sao_harness.trainer.critic_init import freeze_critic, load_backbone_critic
+from sao_harness.trainer.gae import skip_observation_gae
+from sao_harness.trainer.losses import explained_variance, value_loss
+from sao_harness.trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
+from sao_harness.trainer.models import Critic, save_critic, use_packed_sdpa
+from sao_harness.trainer.precision import (
+    autocast,
+    enable_activation_checkpointing,
+    model_dtype,
+    to_master_weights,
+    train_mode,
+)
 
 OUT_DIR = "value_pretrain"
 CHECKPOINT_DIR = "critic"

@@ -23,10 +23,9 @@ import socket
 import time
 
 import torch
-
-from harness.engines.registry import engine_spec, weight_sync_transport
-from harness.engines.vllm_weights import pack, plan, unpack
-from trainer.ray_utils import LoopError, get
+from sao_harness.harness.engines.registry import engine_spec, weight_sync_transport
+from sao_harness.harness.engines.vllm_weights import pack, plan, unpack
+from sao_harness.trainer.ray_utils import LoopError, get
 
 
 def free_port(host: str) -> int:

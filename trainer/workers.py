@@ -27,12 +27,11 @@ import time
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-from harness.engines.registry import replica_gpus
-from harness.engines.vllm_env import engine_runtime_env
-from trainer.actors import EngineActor, RolloutWorker
-from trainer.queue import Counters, Entry, TraceQueue, take_async, take_round
-from trainer.ray_utils import LoopError, get, is_done
+from sao_harness.harness.engines.registry import replica_gpus
+from sao_harness.harness.engines.vllm_env import engine_runtime_env
+from sao_harness.trainer.actors import EngineActor, RolloutWorker
+from sao_harness.trainer.queue import Counters, Entry, TraceQueue, take_async, take_round
+from sao_harness.trainer.ray_utils import LoopError, get, is_done
 
 
 def _why(ref) -> str:

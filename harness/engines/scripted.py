@@ -14,8 +14,15 @@ import time
 from collections import deque
 from typing import Any
 
-from harness.engines.protocol import Engine, EngineError, EngineTimeout, GenerateResult, SamplingParams, find_stop
-from harness.tiny_model import resolve_model_path
+from sao_harness.harness.engines.protocol import (
+    Engine,
+    EngineError,
+    EngineTimeout,
+    GenerateResult,
+    SamplingParams,
+    find_stop,
+)
+from sao_harness.harness.tiny_model import resolve_model_path
 
 
 class ScriptedEngine(Engine):

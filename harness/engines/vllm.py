@@ -80,19 +80,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from harness.engines.protocol import (
+from sao_harness.harness.engines.protocol import (
     Engine,
     EngineError,
     EngineTimeout,
     GenerateResult,
     SamplingParams,
 )
-from harness.engines.sampling import GREEDY_EPS
-from harness.engines.vllm_weights import pack, plan, to_checkpoint_names, unpack
-from harness.tiny_model import resolve_model_path
+from sao_harness.harness.engines.sampling import GREEDY_EPS
+from sao_harness.harness.engines.vllm_weights import pack, plan, to_checkpoint_names, unpack
+from sao_harness.harness.tiny_model import resolve_model_path
 
-WORKER_EXTENSION = "harness.engines.vllm.SaoWorkerExtension"
+WORKER_EXTENSION = "sao_harness.harness.engines.vllm.SaoWorkerExtension"
 VLLM_MIN_TEMPERATURE = 0.01  # vLLM's _MAX_TEMP: 0 < T < this is raised to it
 VLLM_MAX_TEMPERATURE = 2.0  # vLLM rejects T above this
 SYNC_HOST = "127.0.0.1"

@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-from core.files import atomic_dir
-from harness.tiny_model import ensure_tiny_model
+from sao_harness.core.files import atomic_dir
+from sao_harness.harness.tiny_model import ensure_tiny_model
 
 RECIPE_VERSION = 2
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,

@@ -18,9 +18,9 @@ A context budget (``proxy.context_budget``) clips ``max_tokens``; a reply cut by
 In-process: ``ProxyServer(engine, tokenizer, cfg).start() -> base_url`` (``http://127.0.0.1:PORT/v1``),
 ``.session(id)``, ``.close_episode(id) -> Trajectory``, ``.stop()``.
 """
-from harness.proxy.messages import ProxyError, message_key, normalize_message
-from harness.proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, default_parsers, parse_tool_calls
-from harness.proxy.server import (
+from sao_harness.harness.proxy.messages import ProxyError, message_key, normalize_message
+from sao_harness.harness.proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, default_parsers, parse_tool_calls
+from sao_harness.harness.proxy.server import (
     DEFAULT_EPISODE,
     HEADER_EPISODE,
     HEADER_TASK,
@@ -28,8 +28,8 @@ from harness.proxy.server import (
     UnknownEpisode,
     check_loopback,
 )
-from harness.proxy.session import Session
-from harness.proxy.template import ChatTemplate, TemplateError, drift_report
+from sao_harness.harness.proxy.session import Session
+from sao_harness.harness.proxy.template import ChatTemplate, TemplateError, drift_report
 
 __all__ = [
     "DEFAULT_EPISODE",

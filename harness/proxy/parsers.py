@@ -26,8 +26,8 @@ import string
 from collections.abc import Callable
 from typing import Any
 
-from core.errors import UserError
-from harness.proxy.messages import ProxyError, decodes_to_text, is_text
+from sao_harness.core.errors import UserError
+from sao_harness.harness.proxy.messages import ProxyError, decodes_to_text, is_text
 
 _HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 _CODER_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>(.*?)</function>\s*(</tool_call>|$)", re.DOTALL)

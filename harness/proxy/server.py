@@ -25,16 +25,15 @@ import time
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sao_harness.core.errors import UserError
+from sao_harness.harness.config import TOKEN_ENV, context_budget
+from sao_harness.harness.engines.registry import engine_spec
+from sao_harness.harness.proxy.messages import ProxyError
+from sao_harness.harness.proxy.parsers import parsers_from_config
+from sao_harness.harness.proxy.session import Session, SessionSetup, request_sampling
+from sao_harness.harness.proxy.template import template_from_config
+from sao_harness.harness.trace import Trajectory
 from starlette.concurrency import run_in_threadpool
-
-from core.errors import UserError
-from harness.config import TOKEN_ENV, context_budget
-from harness.engines.registry import engine_spec
-from harness.proxy.messages import ProxyError
-from harness.proxy.parsers import parsers_from_config
-from harness.proxy.session import Session, SessionSetup, request_sampling
-from harness.proxy.template import template_from_config
-from harness.trace import Trajectory
 
 log = logging.getLogger(__name__)
 

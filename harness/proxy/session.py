@@ -25,12 +25,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from harness.engines import EngineTimeout, GenerateResult, SamplingParams, sampling_from_config
-from harness.engines.protocol import find_stop
-from harness.proxy.messages import ProxyError, is_produced, message_key, normalize_message
-from harness.proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, no_tool_parser
-from harness.proxy.template import ChatTemplate, drift_report
-from harness.trace import Segment, Status, Trajectory
+from sao_harness.harness.engines import EngineTimeout, GenerateResult, SamplingParams, sampling_from_config
+from sao_harness.harness.engines.protocol import find_stop
+from sao_harness.harness.proxy.messages import ProxyError, is_produced, message_key, normalize_message
+from sao_harness.harness.proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, no_tool_parser
+from sao_harness.harness.proxy.template import ChatTemplate, drift_report
+from sao_harness.harness.trace import Segment, Status, Trajectory
 
 _STATUS_RANK = {Status.OK: 0, Status.TRUNCATED_CONTEXT: 1, Status.INFRA_ERROR: 2}
 

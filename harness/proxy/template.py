@@ -38,8 +38,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from core.errors import UserError
-from harness.proxy.messages import ProxyError, for_template
+from sao_harness.core.errors import UserError
+from sao_harness.harness.proxy.messages import ProxyError, for_template
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a call's name as the probe may carry it
 

@@ -24,10 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-
-from harness.engines.protocol import Engine, GenerateResult, SamplingParams
-from harness.proxy import UnknownEpisode
-from harness.trace import REWARDED, Status, Trajectory
+from sao_harness.harness.engines.protocol import Engine, GenerateResult, SamplingParams
+from sao_harness.harness.proxy import UnknownEpisode
+from sao_harness.harness.trace import REWARDED, Status, Trajectory
 
 SYSTEM = "You are a coding agent working in a simulated environment. Reply with your next step."
 

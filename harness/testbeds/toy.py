@@ -29,8 +29,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from harness.testbeds.simulated import chat_episode
-from harness.trace import Trajectory
+from sao_harness.harness.testbeds.simulated import chat_episode
+from sao_harness.harness.trace import Trajectory
 
 
 def targets(episode_id: str, turns: int, mode: str) -> list[str]:

@@ -17,10 +17,10 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm is imported (via the SDK)
 os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
 
-from harness.tools.file_editor import SandboxFileEditorExecutor
-from harness.tools.registry import FILE_EDITOR_SPEC_NAME, TERMINAL_SPEC_NAME, SandboxTools
-from harness.tools.target import SandboxBroken, SandboxTarget, SandboxUnavailable
-from harness.tools.terminal import DockerExecTerminal, SandboxTerminalExecutor
+from sao_harness.harness.tools.file_editor import SandboxFileEditorExecutor
+from sao_harness.harness.tools.registry import FILE_EDITOR_SPEC_NAME, TERMINAL_SPEC_NAME, SandboxTools
+from sao_harness.harness.tools.target import SandboxBroken, SandboxTarget, SandboxUnavailable
+from sao_harness.harness.tools.terminal import DockerExecTerminal, SandboxTerminalExecutor
 
 __all__ = ["FILE_EDITOR_SPEC_NAME", "TERMINAL_SPEC_NAME", "DockerExecTerminal", "SandboxBroken",
            "SandboxFileEditorExecutor", "SandboxTarget", "SandboxTerminalExecutor", "SandboxTools",

@@ -41,8 +41,7 @@ from openhands.tools.file_editor.exceptions import (
     FileValidationError,
 )
 from openhands.tools.file_editor.impl import FileEditorExecutor
-
-from harness.tools.target import SandboxBroken, SandboxTarget, SandboxUnavailable
+from sao_harness.harness.tools.target import SandboxBroken, SandboxTarget, SandboxUnavailable
 
 # One round trip: the container user, the type of each probed path, a directory listing (children and
 # non-hidden grandchildren, following symlinks like Path.is_dir/iterdir), and a regular file's bytes.

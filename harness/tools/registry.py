@@ -30,10 +30,9 @@ from openhands.tools.file_editor.impl import FileEditorExecutor
 from openhands.tools.terminal import TerminalTool
 from openhands.tools.terminal.definition import TerminalAction
 from pydantic import Field
-
-from harness.tools.file_editor import SandboxFileEditorExecutor
-from harness.tools.target import SandboxTarget, SandboxUnavailable
-from harness.tools.terminal import MAX_COMMAND_S, SandboxTerminalExecutor
+from sao_harness.harness.tools.file_editor import SandboxFileEditorExecutor
+from sao_harness.harness.tools.target import SandboxTarget, SandboxUnavailable
+from sao_harness.harness.tools.terminal import MAX_COMMAND_S, SandboxTerminalExecutor
 
 _BINDINGS: dict[str, SandboxTools] = {}
 _BINDINGS_LOCK = threading.Lock()

@@ -4,8 +4,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
-from envs.config import DockerConfig, SandboxConfig, size_bytes
+from sao_harness.envs.config import DockerConfig, SandboxConfig, size_bytes
 
 
 class FakeClient:
@@ -17,7 +16,7 @@ class FakeClient:
 
 
 def test_hard_cap_is_the_budget_on_btrfs_and_absent_elsewhere():
-    from envs.limits import hard_disk_cap
+    from sao_harness.envs.limits import hard_disk_cap
 
     budget = 128 << 20
     assert hard_disk_cap(FakeClient("btrfs"), budget) == {"storage_opt": {"size": str(budget)}}
@@ -25,7 +24,7 @@ def test_hard_cap_is_the_budget_on_btrfs_and_absent_elsewhere():
 
 
 def test_grading_containers_get_the_cap_from_the_sandbox_budget():
-    from tasks.grade_sandbox import GradeLimits, hardened_kwargs
+    from sao_harness.tasks.grade_sandbox import GradeLimits, hardened_kwargs
 
     limits = GradeLimits.from_config(SandboxConfig(disk_bytes="1g"))
     assert limits.disk_bytes == 1 << 30
@@ -36,7 +35,7 @@ def test_grading_containers_get_the_cap_from_the_sandbox_budget():
 
 
 def test_daemon_config_names_the_btrfs_driver_only_on_its_own_filesystem(tmp_path):
-    from envs.engine import ProjectEngine
+    from sao_harness.envs.engine import ProjectEngine
 
     eng = ProjectEngine(tmp_path)
     host, btrfs = eng.daemon_config(), eng.daemon_config(btrfs=True)
@@ -46,7 +45,7 @@ def test_daemon_config_names_the_btrfs_driver_only_on_its_own_filesystem(tmp_pat
 
 
 def test_a_data_root_with_data_on_the_host_is_never_hidden_under_a_mount(tmp_path, monkeypatch):
-    import envs.datafs as datafs
+    import sao_harness.envs.datafs as datafs
 
     data = tmp_path / "data"
     (data / "overlay2").mkdir(parents=True)  # an engine's images, made before disk quotas
@@ -59,7 +58,7 @@ def test_a_data_root_with_data_on_the_host_is_never_hidden_under_a_mount(tmp_pat
 
 @pytest.mark.parametrize("failing", ["mount", "quota"])
 def test_a_failed_mount_or_old_kernel_falls_back_and_leaves_no_half_made_image(tmp_path, monkeypatch, failing):
-    import envs.datafs as datafs
+    import sao_harness.envs.datafs as datafs
 
     calls = []
 
@@ -85,7 +84,7 @@ def test_a_failed_mount_or_old_kernel_falls_back_and_leaves_no_half_made_image(t
 
 
 def test_mounted_fstype_reads_the_mount_table(tmp_path):
-    from envs.datafs import mounted_fstype
+    from sao_harness.envs.datafs import mounted_fstype
 
     assert mounted_fstype(tmp_path) is None
     assert mounted_fstype(tmp_path.anchor) is not None  # "/" is always a mount
@@ -114,9 +113,8 @@ def capped_engine(docker_engine, base_image):
     from pathlib import Path
 
     import docker
-
-    from envs.datafs import mounted_fstype
-    from envs.engine import ProjectEngine, start_project_engine, stop_project_engine
+    from sao_harness.envs.datafs import mounted_fstype
+    from sao_harness.envs.engine import ProjectEngine, start_project_engine, stop_project_engine
 
     if os.geteuid() != 0:
         pytest.skip("starting a project engine needs root")
@@ -141,15 +139,16 @@ def capped_engine(docker_engine, base_image):
 @pytest.mark.docker
 @pytest.mark.slow
 def test_fallocate_burst_is_capped_by_the_kernel(capped_engine, base_image, test_run_id, monkeypatch, capsys):
-    import envs.sandbox
-    from envs.limits import HARD_CAP_DRIVERS
+    import sao_harness.envs.sandbox as sandbox_module
+    from sao_harness.envs.limits import HARD_CAP_DRIVERS
+
     from tests.conftest import SMALL
 
     assert capped_engine.info()["Driver"] in HARD_CAP_DRIVERS
 
     def burst(**overrides) -> tuple[int, object]:
         cfg = SandboxConfig(**{**SMALL, "disk_bytes": "128m", **overrides})
-        with envs.sandbox.Sandbox(base_image, cfg, client=capped_engine, run_id=test_run_id) as sb:
+        with sandbox_module.Sandbox(base_image, cfg, client=capped_engine, run_id=test_run_id) as sb:
             return _burst(sb), (sb.watchdog, sb.run("true").exit_code)
 
     capped, (watchdog, alive) = burst()
@@ -157,7 +156,7 @@ def test_fallocate_burst_is_capped_by_the_kernel(capped_engine, base_image, test
     assert watchdog is None and alive == 0  # no poll needed; the sandbox lives on
 
     # power: the same burst on the same engine without the cap takes what it asks for
-    monkeypatch.setattr(envs.sandbox, "hard_disk_cap", lambda *a: {})
+    monkeypatch.setattr(sandbox_module, "hard_disk_cap", lambda *a: {})
     uncapped, _ = burst(disk_check_s=60)  # the watchdog's poll out of the way
     assert uncapped >= 900, uncapped
     with capsys.disabled():

@@ -17,14 +17,15 @@ RUN_ID = f"pytest-cli-{uuid.uuid4().hex[:8]}"
 
 
 def sao(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sao.cli", *args], cwd=ROOT, input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "sao_harness.sao.cli",
+                           *args], cwd=ROOT, input=stdin, capture_output=True,
                           text=True, timeout=timeout,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "SAO_RUN_ID": RUN_ID})
 
 
 def _ours(client):
     """Containers of the runs these tests start (others may run sandboxes on the same engine)."""
-    from envs.labels import owner_filter
+    from sao_harness.envs.labels import owner_filter
 
     return {c.id for c in client.containers.list(all=True, filters=owner_filter(RUN_ID))}
 

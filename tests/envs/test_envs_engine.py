@@ -14,8 +14,8 @@ SAO = [str(ROOT / ".venv" / "bin" / "sao")] if (ROOT / ".venv" / "bin" / "sao").
 
 
 def test_ensure_engine_is_idempotent_and_exports_docker_host(docker_engine):
-    from envs.config import DockerConfig
-    from envs.engine import docker_client, ensure_engine
+    from sao_harness.envs.config import DockerConfig
+    from sao_harness.envs.engine import docker_client, ensure_engine
 
     t0 = time.monotonic()
     client = ensure_engine(DockerConfig())
@@ -28,9 +28,9 @@ def test_ensure_engine_is_idempotent_and_exports_docker_host(docker_engine):
 
 
 def test_project_engine_has_only_host_and_none_networks(docker_engine):
-    from envs.config import DockerConfig
-    from envs.datafs import mounted_fstype
-    from envs.engine import ProjectEngine
+    from sao_harness.envs.config import DockerConfig
+    from sao_harness.envs.datafs import mounted_fstype
+    from sao_harness.envs.engine import ProjectEngine
 
     eng = ProjectEngine(DockerConfig().state_dir)
     if docker_engine.sao_docker_host != eng.url:
@@ -66,8 +66,8 @@ def test_docker_cli_reaches_the_engine_via_docker_host(docker_engine):
 
 # -- images ---------------------------------------------------------------------------------------
 def test_base_image_content_and_labels(docker_engine, base_image, make_sandbox):
-    from envs.config import DockerConfig
-    from envs.images import base_tag, ensure_base_image
+    from sao_harness.envs.config import DockerConfig
+    from sao_harness.envs.images import base_tag, ensure_base_image
 
     t0 = time.monotonic()
     assert ensure_base_image(docker_engine, DockerConfig()) == base_image  # found, not rebuilt
@@ -87,7 +87,7 @@ def test_base_image_content_and_labels(docker_engine, base_image, make_sandbox):
 
 
 def test_image_save_and_load_round_trip(docker_engine, tmp_path):
-    from envs.images import image_exists, import_rootfs, load_image_file, save_image_file
+    from sao_harness.envs.images import image_exists, import_rootfs, load_image_file, save_image_file
 
     root = tmp_path / "rootfs"
     (root / "etc").mkdir(parents=True)
@@ -111,8 +111,8 @@ def test_image_save_and_load_round_trip(docker_engine, tmp_path):
 
 def test_ensure_base_image_loads_from_the_tarball_cache(docker_engine, tmp_path, monkeypatch):
     """The cache branch: a tarball named after the tag is loaded instead of building."""
-    from envs import images
-    from envs.config import DockerConfig
+    from sao_harness.envs import images
+    from sao_harness.envs.config import DockerConfig
 
     root = tmp_path / "rootfs"
     (root / "etc").mkdir(parents=True)
@@ -134,7 +134,7 @@ def test_ensure_base_image_loads_from_the_tarball_cache(docker_engine, tmp_path,
 
 
 def test_build_image_with_wheels_offline(docker_engine, base_image, make_sandbox):
-    from envs.images import build_image_with_wheels, wheels_tag
+    from sao_harness.envs.images import build_image_with_wheels, wheels_tag
 
     tag = wheels_tag(base_image, ["iniconfig==2.0.0"])
     try:
@@ -158,9 +158,9 @@ def test_a_second_project_engine_starts_answers_and_stops(docker_engine):
     """Lifecycle on a private state dir (what `sao docker up` / `down` do), without touching the main one."""
     import tempfile
 
-    from envs.config import DockerConfig
-    from envs.datafs import mounted_fstype
-    from envs.engine import ProjectEngine, probe, start_project_engine, stop_project_engine
+    from sao_harness.envs.config import DockerConfig
+    from sao_harness.envs.datafs import mounted_fstype
+    from sao_harness.envs.engine import ProjectEngine, probe, start_project_engine, stop_project_engine
 
     with tempfile.TemporaryDirectory(prefix="sao-eng-", dir="/tmp") as d:
         cfg = DockerConfig(state_dir=Path(d) / "s", netns=True)  # own network namespace: cannot touch the host

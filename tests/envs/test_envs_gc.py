@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _dead_pid_labels(run_id: str) -> dict:
-    from envs.labels import PID_KEY, PID_START_KEY, process_start_time, run_labels
+    from sao_harness.envs.labels import PID_KEY, PID_START_KEY, process_start_time, run_labels
 
     p = subprocess.Popen(["sleep", "0.3"])
     start = process_start_time(p.pid)
@@ -31,14 +31,14 @@ def _container(client, image, labels):
 
 
 def _ours(client, run_id):
-    from envs.labels import owner_filter
+    from sao_harness.envs.labels import owner_filter
 
     return client.containers.list(all=True, filters=owner_filter(run_id))
 
 
 def test_gc_removes_only_dead_runs(docker_engine, base_image):
-    from envs.gc import gc
-    from envs.labels import run_labels
+    from sao_harness.envs.gc import gc
+    from sao_harness.envs.labels import run_labels
 
     client = docker_engine
     dead, alive = f"gc-dead-{uuid.uuid4().hex[:6]}", f"gc-alive-{uuid.uuid4().hex[:6]}"
@@ -71,9 +71,9 @@ def test_gc_removes_only_dead_runs(docker_engine, base_image):
 
 
 def test_cleanup_run_and_run_scope(docker_engine, base_image):
-    from envs.config import SandboxConfig
-    from envs.gc import cleanup_run, run_scope
-    from envs.sandbox import Sandbox
+    from sao_harness.envs.config import SandboxConfig
+    from sao_harness.envs.gc import cleanup_run, run_scope
+    from sao_harness.envs.sandbox import Sandbox
 
     rid = f"gc-scope-{uuid.uuid4().hex[:6]}"
     with pytest.raises(KeyboardInterrupt):
@@ -89,10 +89,10 @@ def test_cleanup_run_and_run_scope(docker_engine, base_image):
 _CHILD = textwrap.dedent("""
     import signal, sys, time
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, whatever was inherited
-    from envs.engine import docker_client
-    from envs.gc import run_scope
-    from envs.sandbox import Sandbox
-    from envs.config import SandboxConfig
+    from sao_harness.envs.engine import docker_client
+    from sao_harness.envs.gc import run_scope
+    from sao_harness.envs.sandbox import Sandbox
+    from sao_harness.envs.config import SandboxConfig
     with run_scope(sys.argv[1]):
         sb = Sandbox(sys.argv[2], SandboxConfig(memory="128m"), run_id=sys.argv[1])
         print("ready", flush=True)
@@ -118,7 +118,7 @@ def test_a_run_cleans_up_on_signals(docker_engine, base_image, sig):
 
 
 def test_a_crashed_run_is_collected_by_the_cli(docker_engine, base_image, capsys):
-    from sao.cli import main
+    from sao_harness.sao.cli import main
 
     rid = f"gc-crash-{uuid.uuid4().hex[:6]}"
     p = _child(rid, base_image)

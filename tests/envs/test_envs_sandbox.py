@@ -7,8 +7,7 @@ import threading
 import time
 
 import pytest
-
-from envs.sandbox import KEEPALIVE
+from sao_harness.envs.sandbox import KEEPALIVE
 
 pytestmark = pytest.mark.docker
 
@@ -127,7 +126,7 @@ def test_overhead_per_command_is_small(sandbox):
 
 # -- timeouts and faults --------------------------------------------------------------------------
 def test_timeout_kills_the_command_and_its_children(sandbox):
-    from envs.errors import CommandTimeout
+    from sao_harness.envs.errors import CommandTimeout
 
     sandbox.run("cd /tmp && export KEEP=1")
     t0 = time.monotonic()
@@ -142,7 +141,7 @@ def test_timeout_kills_the_command_and_its_children(sandbox):
 
 
 def test_timeout_of_a_builtin_loop_replaces_the_shell(sandbox):
-    from envs.errors import CommandTimeout
+    from sao_harness.envs.errors import CommandTimeout
 
     sandbox.run("cd /usr")
     with pytest.raises(CommandTimeout):
@@ -151,7 +150,7 @@ def test_timeout_of_a_builtin_loop_replaces_the_shell(sandbox):
 
 
 def test_fork_bomb_is_bounded_and_the_sandbox_survives(make_sandbox):
-    from envs.errors import CommandTimeout
+    from sao_harness.envs.errors import CommandTimeout
 
     sb = make_sandbox(pids_limit=64)
     try:
@@ -167,7 +166,7 @@ def test_fork_bomb_is_bounded_and_the_sandbox_survives(make_sandbox):
 
 
 def test_memory_limit_is_reported_as_oom(make_sandbox):
-    from envs.errors import OOMKilled
+    from sao_harness.envs.errors import OOMKilled
 
     sb = make_sandbox(memory="64m")
     with pytest.raises(OOMKilled) as ei:
@@ -179,7 +178,7 @@ def test_memory_limit_is_reported_as_oom(make_sandbox):
 
 
 def test_container_killed_from_outside_mid_command(sandbox):
-    from envs.errors import ContainerDied
+    from sao_harness.envs.errors import ContainerDied
 
     threading.Timer(1.0, lambda: sandbox.container.kill()).start()
     t0 = time.monotonic()
@@ -192,7 +191,7 @@ def test_container_killed_from_outside_mid_command(sandbox):
 
 
 def test_container_removed_from_outside(sandbox):
-    from envs.errors import ContainerDied
+    from sao_harness.envs.errors import ContainerDied
 
     sandbox.container.remove(force=True)
     with pytest.raises(ContainerDied):
@@ -201,8 +200,8 @@ def test_container_removed_from_outside(sandbox):
 
 
 def test_missing_image_names_it(docker_engine):
-    from envs.errors import ImageNotFound
-    from envs.sandbox import Sandbox
+    from sao_harness.envs.errors import ImageNotFound
+    from sao_harness.envs.sandbox import Sandbox
 
     with pytest.raises(ImageNotFound) as ei:
         Sandbox("sao-harness/does-not-exist:nope", client=docker_engine)
@@ -211,9 +210,8 @@ def test_missing_image_names_it(docker_engine):
 
 def test_engine_unreachable_is_a_clear_error(tmp_path):
     import docker
-
-    from envs.errors import EngineGone
-    from envs.sandbox import Sandbox
+    from sao_harness.envs.errors import EngineGone
+    from sao_harness.envs.sandbox import Sandbox
 
     sock = tmp_path / "no.sock"
     bogus = docker.DockerClient(base_url=f"unix://{sock}", version="1.41", timeout=5)
@@ -269,8 +267,8 @@ def test_a_lost_patch_read_is_read_again_and_never_a_short_patch(sandbox, monkey
     """The engine sometimes returns nothing for a short exec. The diff knows its byte count: a short read
     is read again; one that stays short (a lost reply does not repeat; a lying head or wc, planted by
     the agent, does) is PatchUnavailable, never a shorter patch."""
-    from envs.limits import PatchUnavailable
-    from envs.sandbox import READ_ATTEMPTS
+    from sao_harness.envs.limits import PatchUnavailable
+    from sao_harness.envs.sandbox import READ_ATTEMPTS
 
     base = sandbox.run("mkdir -p /tmp/lost && cd /tmp/lost && git init -q . && echo a > f.txt && git add -A && "
                        "git commit -qm base && git rev-parse HEAD", check=True).output.strip().splitlines()[-1]
@@ -296,8 +294,8 @@ def test_a_lost_patch_read_is_read_again_and_never_a_short_patch(sandbox, monkey
 def test_patch_extraction_broken_by_the_agent_is_its_doing_but_a_dead_container_is_not(make_sandbox):
     """The agent is root in its sandbox: a deleted .git or a replaced git is PatchUnavailable (reward 0);
     a container that is gone while the patch is read stays an infrastructure fault (ContainerDied)."""
-    from envs.errors import ContainerDied
-    from envs.limits import PatchUnavailable
+    from sao_harness.envs.errors import ContainerDied
+    from sao_harness.envs.limits import PatchUnavailable
 
     sb = make_sandbox()
     base = sb.run("cd /testbed && git init -q . && echo a > f.txt && git add -A && git commit -qm base && "

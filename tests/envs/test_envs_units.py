@@ -15,14 +15,14 @@ import pytest
 @pytest.mark.parametrize("text", ["plain", "it's \"quoted\" $HOME `x` \\ back", "multi\nline\n\ttab", "ü ✓ 中",
                                   "\x01\x7f end", ""])
 def test_ansi_c_quote_round_trips_through_bash(text):
-    from envs.shell import ansi_c_quote
+    from sao_harness.envs.shell import ansi_c_quote
 
     out = subprocess.run(["bash", "-c", f"printf %s {ansi_c_quote(text)}"], capture_output=True)
     assert out.stdout.decode() == text
 
 
 def test_collector_finds_a_sentinel_split_across_chunks():
-    from envs.shell import _Collector
+    from sao_harness.envs.shell import _Collector
 
     col = _Collector(b"__SAO_tok", keep=1000)
     data = b"hello\nworld" + b"\n__SAO_tok 3 /tmp/x\n"
@@ -33,7 +33,7 @@ def test_collector_finds_a_sentinel_split_across_chunks():
 
 
 def test_collector_caps_huge_output_with_bounded_memory():
-    from envs.shell import _Collector
+    from sao_harness.envs.shell import _Collector
 
     col = _Collector(b"__SAO_t", keep=2 * 1000)
     chunk = b"x" * 65536
@@ -47,7 +47,7 @@ def test_collector_caps_huge_output_with_bounded_memory():
 
 
 def test_collector_exact_cut_counts_characters():
-    from envs.shell import _Collector
+    from sao_harness.envs.shell import _Collector
 
     col = _Collector(b"__SAO_t", keep=10_000)
     col.feed(("é" * 3000).encode() + b"\n__SAO_t 0 /\n")
@@ -57,7 +57,7 @@ def test_collector_exact_cut_counts_characters():
 
 
 def test_stream_demultiplexes_docker_frames():
-    from envs.shell import _Stream
+    from sao_harness.envs.shell import _Stream
 
     a, b = socket.socketpair()
     frames = struct.pack(">BxxxL", 1, 5) + b"hello" + struct.pack(">BxxxL", 2, 3) + b"err"
@@ -72,7 +72,7 @@ def test_stream_demultiplexes_docker_frames():
 
 
 def test_stream_read_times_out():
-    from envs.shell import _Stream
+    from sao_harness.envs.shell import _Stream
 
     a, b = socket.socketpair()
     with pytest.raises(TimeoutError):
@@ -89,7 +89,7 @@ def test_mirror_from_deb822_and_one_line_sources(tmp_path):
         "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\n"
         "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\nComponents: main\n")
     (tmp_path / "sources.list.d" / "x.list.disabled").write_text("deb http://bad.example/debian bookworm main\n")
-    from envs.mirror import host_sources
+    from sao_harness.envs.mirror import host_sources
 
     srcs = host_sources(tmp_path)
     found = {s.uri for s in srcs}
@@ -98,7 +98,7 @@ def test_mirror_from_deb822_and_one_line_sources(tmp_path):
 
 
 def test_debian_mirror_prefers_override():
-    from envs.mirror import debian_mirror
+    from sao_harness.envs.mirror import debian_mirror
 
     assert debian_mirror("bookworm", "http://my.mirror/debian")[0] == "http://my.mirror/debian"
     uri, _ = debian_mirror("bookworm")
@@ -106,7 +106,7 @@ def test_debian_mirror_prefers_override():
 
 
 def test_owner_alive_from_pid_labels():
-    from envs.labels import HOST_KEY, PID_KEY, PID_START_KEY, owner_alive, run_labels
+    from sao_harness.envs.labels import HOST_KEY, PID_KEY, PID_START_KEY, owner_alive, run_labels
 
     mine = run_labels("r1")
     assert mine[PID_KEY] == str(os.getpid()) and owner_alive(mine) is True
@@ -120,8 +120,7 @@ def test_owner_alive_from_pid_labels():
 
 def test_sandbox_config_validation():
     from pydantic import ValidationError
-
-    from envs.config import SandboxConfig
+    from sao_harness.envs.config import SandboxConfig
 
     assert SandboxConfig(cap_add=["cap_chown", "setuid"]).cap_add == ["CHOWN", "SETUID"]
     with pytest.raises(ValidationError):
@@ -133,8 +132,8 @@ def test_sandbox_config_validation():
 
 
 def test_base_tag_is_a_stable_recipe_hash():
-    from envs.config import DockerConfig
-    from envs.images import base_recipe, base_tag, recipe_hash
+    from sao_harness.envs.config import DockerConfig
+    from sao_harness.envs.images import base_recipe, base_tag, recipe_hash
 
     cfg = DockerConfig()
     assert base_tag(cfg) == base_tag(DockerConfig()) and base_tag(cfg).startswith("sao-harness/base:")
@@ -145,7 +144,7 @@ def test_base_tag_is_a_stable_recipe_hash():
 
 
 def test_project_engine_config_has_no_bridge_and_its_own_paths(tmp_path):
-    from envs.engine import ProjectEngine
+    from sao_harness.envs.engine import ProjectEngine
 
     conf = ProjectEngine(tmp_path).daemon_config()
     assert conf["bridge"] == "none" and conf["iptables"] is False
@@ -156,9 +155,9 @@ def test_project_engine_config_has_no_bridge_and_its_own_paths(tmp_path):
 
 
 def test_unreachable_engine_errors_name_the_socket(tmp_path):
-    from envs.config import DockerConfig
-    from envs.engine import docker_client, ensure_engine
-    from envs.errors import EngineError, EngineGone
+    from sao_harness.envs.config import DockerConfig
+    from sao_harness.envs.engine import docker_client, ensure_engine
+    from sao_harness.envs.errors import EngineError, EngineGone
 
     url = f"unix://{tmp_path}/none.sock"
     with pytest.raises(EngineGone) as ei:
@@ -171,12 +170,12 @@ def test_unreachable_engine_errors_name_the_socket(tmp_path):
 
 # -- CLI ------------------------------------------------------------------------------------------
 def test_sandbox_exec_parser_keeps_the_command_after_double_dash():
-    from sao.cli import build_parser, load_args_config
+    from sao_harness.sao.cli import build_parser, load_args_config
 
     args = build_parser().parse_args(["sandbox", "exec", "--image", "img:1", "--timeout", "3",
                                       "--set", "sandbox.memory=1g", "--", "echo", "-n", "a b"])
     assert args.image == "img:1" and args.timeout == 3.0
-    from envs.cli import _command
+    from sao_harness.envs.cli import _command
 
     assert _command(args.cmd) == "echo -n 'a b'"
     assert _command(["--", "echo $HOME | wc -c"]) == "echo $HOME | wc -c"  # one argument: a shell string
@@ -184,15 +183,16 @@ def test_sandbox_exec_parser_keeps_the_command_after_double_dash():
 
 
 def test_cli_registration_is_import_light():
-    code = ("import argparse, sys, envs.cli, sao.cli; p = argparse.ArgumentParser(); "
-            "envs.cli.register(p.add_subparsers(), sao.cli.add_config_args); print('docker' in sys.modules)")
+    code = ("import argparse, sys; from sao_harness.envs import cli; from sao_harness.sao import cli as sao_cli; "
+            "p = argparse.ArgumentParser(); cli.register(p.add_subparsers(), sao_cli.add_config_args); "
+            "print('docker' in sys.modules)")
     out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_run_scope_cleans_up_on_exception_without_an_engine(monkeypatch):
-    from envs import gc
+    from sao_harness.envs import gc
 
     calls = []
     monkeypatch.setattr(gc, "cleanup_run", lambda rid, client=None: calls.append(rid) or (0, 0))
@@ -213,9 +213,9 @@ def test_run_scope_cleans_up_on_exception_without_an_engine(monkeypatch):
 
 
 def test_no_engine_and_not_root_says_how_to_get_one(monkeypatch):
-    from envs import engine
-    from envs.config import DockerConfig
-    from envs.errors import EngineError
+    from sao_harness.envs import engine
+    from sao_harness.envs.config import DockerConfig
+    from sao_harness.envs.errors import EngineError
 
     monkeypatch.setattr(engine, "find_engine", lambda cfg: (None, ["unix:///var/run/docker.sock: no socket"]))
     monkeypatch.setattr(engine.os, "geteuid", lambda: 1000)
@@ -226,9 +226,9 @@ def test_no_engine_and_not_root_says_how_to_get_one(monkeypatch):
 
 
 def test_a_dockerd_that_dies_at_start_is_reported_with_its_log(tmp_path):
-    from envs import engine
-    from envs.config import DockerConfig
-    from envs.errors import EngineError
+    from sao_harness.envs import engine
+    from sao_harness.envs.config import DockerConfig
+    from sao_harness.envs.errors import EngineError
 
     eng = engine.ProjectEngine(tmp_path)
     eng.log_file.write_text("level=info msg=starting\nlevel=fatal msg=\"failed to start daemon: boom\"\n")

@@ -22,12 +22,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from envs.config import DockerConfig
-from envs.engine import _client, start_project_engine, stop_project_engine
-from envs.errors import EngineError
-from envs.pull import ImagePullError, ensure_image, fetch_images, read_record, record_path, save_images
-from harness.trace import Status
+from sao_harness.envs.config import DockerConfig
+from sao_harness.envs.engine import _client, start_project_engine, stop_project_engine
+from sao_harness.envs.errors import EngineError
+from sao_harness.envs.pull import ImagePullError, ensure_image, fetch_images, read_record, record_path, save_images
+from sao_harness.harness.trace import Status
 
 
 @pytest.fixture(scope="session")
@@ -119,7 +118,7 @@ def test_the_disk_budget_evicts_the_least_recently_used(docker_engine, second_en
 def test_a_failing_source_is_retried_with_backoff_then_the_next_is_tried(monkeypatch, tmp_path):
     """A source that fails is retried pull_retries times, after backoff, 2 x backoff, ...; one that lacks
     the image is skipped at once; the error names every source."""
-    from envs import pull  # lazy: the module under test, patched
+    from sao_harness.envs import pull  # lazy: the module under test, patched
 
     calls, sleeps, loaded = [], [], set()
 
@@ -149,16 +148,16 @@ class _NoProxy:
     base_url = "http://127.0.0.1:9"
 
     def close_episode(self, episode_id):
-        from harness.proxy import UnknownEpisode  # lazy: the harness layer, only this test needs it
+        from sao_harness.harness.proxy import UnknownEpisode  # lazy: the harness layer, only this test needs it
 
         raise UnknownEpisode(episode_id)
 
 
 def test_an_image_no_source_has_is_an_infra_error_of_the_episode(docker_engine, tmp_path):
     """run_episode pulls on a miss; when no source has the image the episode is infra_error, saying why."""
-    from harness.episode import EpisodeContext, run_episode  # lazy: the harness layer
-    from sao.config import load_config  # lazy: the full config
-    from tasks.model import Task  # lazy: the tasks layer
+    from sao_harness.harness.episode import EpisodeContext, run_episode  # lazy: the harness layer
+    from sao_harness.sao.config import load_config  # lazy: the full config
+    from sao_harness.tasks.model import Task  # lazy: the tasks layer
 
     cfg = load_config(None, [f"docker.host={docker_engine.sao_docker_host}", f"docker.state_dir={tmp_path}",
                              f"docker.image_sources=[dir:{tmp_path}]", f"run.root={tmp_path}"])
@@ -199,7 +198,7 @@ def test_sao_images_pull_fetches_on_each_sandbox_node(docker_engine, second_engi
                           f"runtime: {{ray_address: '{cluster.address}'}}\n"
                           "rollout: {node_resources: {docker: 1}}\n"
                           "sandbox: {scrub_history: never}\n")  # the image holds no repository to scrub
-        out = subprocess.run([sys.executable, "-m", "sao.cli", "images", "pull", "--config", str(config)],
+        out = subprocess.run([sys.executable, "-m", "sao_harness.sao.cli", "images", "pull", "--config", str(config)],
                              cwd=project_root, capture_output=True, text=True, timeout=180,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
     finally:

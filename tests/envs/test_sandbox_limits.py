@@ -14,8 +14,7 @@ import pytest
 # -- network (unit) ---------------------------------------------------------------------------------
 def test_network_other_than_none_needs_allow_network(caplog):
     from pydantic import ValidationError
-
-    from envs.config import SandboxConfig
+    from sao_harness.envs.config import SandboxConfig
 
     assert SandboxConfig().network == "none"
     with pytest.raises(ValidationError, match="allow_network"):
@@ -27,8 +26,8 @@ def test_network_other_than_none_needs_allow_network(caplog):
 
 # -- long output line (unit: the SDK's line buffer) -------------------------------------------------
 def _feed_one_line(n_bytes: int) -> tuple[float, str]:
-    from harness.tools.target import SandboxTarget
-    from harness.tools.terminal import DockerExecTerminal
+    from sao_harness.harness.tools.target import SandboxTarget
+    from sao_harness.harness.tools.terminal import DockerExecTerminal
 
     term = DockerExecTerminal(SandboxTarget("unused"))
     chunk = "a" * 4096  # the SDK reads the PTY 4096 bytes at a time
@@ -40,7 +39,7 @@ def _feed_one_line(n_bytes: int) -> tuple[float, str]:
 
 
 def test_long_line_without_newline_costs_linear_time():
-    from harness.tools.terminal import LINE_CUT_MARKER, MAX_LINE_CHARS
+    from sao_harness.harness.tools.terminal import LINE_CUT_MARKER, MAX_LINE_CHARS
 
     t_small, _ = _feed_one_line(4 << 20)
     t_big, out = _feed_one_line(16 << 20)
@@ -50,8 +49,8 @@ def test_long_line_without_newline_costs_linear_time():
 
 
 def test_normal_lines_are_buffered_as_the_sdk_does():
-    from harness.tools.target import SandboxTarget
-    from harness.tools.terminal import DockerExecTerminal
+    from sao_harness.harness.tools.target import SandboxTarget
+    from sao_harness.harness.tools.terminal import DockerExecTerminal
 
     term = DockerExecTerminal(SandboxTarget("unused"))
     for piece in ["ab", "c\r\nde", "f\n", "g"]:
@@ -65,7 +64,7 @@ def test_single_file_over_disk_budget_fails_at_once(make_sandbox):
     sb = make_sandbox(disk_bytes="64m")
     r = sb.run("fallocate -l 1G /big; echo rc=$?; stat -c %s /big", 60)
     assert "rc=0" not in r.output and r.output.strip().endswith("0"), r.output  # EFBIG: nothing allocated
-    from envs.limits import disk_usage
+    from sao_harness.envs.limits import disk_usage
 
     assert disk_usage(sb.api, sb.container_id) < 64 << 20
 
@@ -75,8 +74,8 @@ def test_single_file_over_disk_budget_fails_at_once(make_sandbox):
 def test_disk_fill_over_budget_is_stopped(make_sandbox, monkeypatch, capsys):
     """20 files of 32 MB, each under the file limit, 640 MB in all, against 128 MiB: refused by the kernel
     where the engine caps disks (the sandbox lives on), killed by the watchdog where it does not."""
-    import envs.sandbox
-    from envs.limits import DiskLimitExceeded
+    import sao_harness.envs.sandbox as sandbox_module
+    from sao_harness.envs.limits import DiskLimitExceeded
 
     fill = "for i in $(seq 20); do head -c 32M /dev/zero > /fill$i || break; done"
     sb = make_sandbox(disk_bytes="128m", disk_check_s=0.25)
@@ -84,7 +83,7 @@ def test_disk_fill_over_budget_is_stopped(make_sandbox, monkeypatch, capsys):
         r = sb.run(fill + "; sync; du -sm /fill* | awk '{s+=$1} END {print s}'", 60)
         assert "quota exceeded" in r.output.lower(), r.output
         assert int(r.output.split()[-1]) <= 128 and sb.run("true").exit_code == 0
-        monkeypatch.setattr(envs.sandbox, "hard_disk_cap", lambda *a: {})  # and the watchdog alone:
+        monkeypatch.setattr(sandbox_module, "hard_disk_cap", lambda *a: {})  # and the watchdog alone:
         sb = make_sandbox(disk_bytes="128m", disk_check_s=0.25)
     t0 = time.monotonic()
     with pytest.raises(DiskLimitExceeded):
@@ -107,8 +106,8 @@ def _repo(sb) -> str:
 
 @pytest.mark.docker
 def test_patch_over_cap_is_patch_too_large_and_never_read_whole(make_sandbox, monkeypatch):
-    from envs.limits import PatchTooLarge
-    from envs.sandbox import Sandbox
+    from sao_harness.envs.limits import PatchTooLarge
+    from sao_harness.envs.sandbox import Sandbox
 
     sb = make_sandbox(max_patch_bytes=100_000)
     base = _repo(sb)
@@ -126,7 +125,7 @@ def test_patch_over_cap_is_patch_too_large_and_never_read_whole(make_sandbox, mo
 
 
 def test_limit_statuses_are_zero_rewards_not_infra_errors():
-    from harness.trace import Status, Trajectory
+    from sao_harness.harness.trace import Status, Trajectory
 
     Trajectory(task_id="t", status=Status.PATCH_TOO_LARGE, reward=0.0).validate()
     Trajectory(task_id="t", status=Status.DISK_EXCEEDED, reward=0.0).validate()
@@ -135,8 +134,8 @@ def test_limit_statuses_are_zero_rewards_not_infra_errors():
 # -- docker: the file editor ------------------------------------------------------------------------
 @pytest.fixture
 def editor(sandbox):
-    from harness.tools.file_editor import SandboxFileEditorExecutor
-    from harness.tools.target import SandboxTarget
+    from sao_harness.harness.tools.file_editor import SandboxFileEditorExecutor
+    from sao_harness.harness.tools.target import SandboxTarget
 
     ex = SandboxFileEditorExecutor(SandboxTarget.from_sandbox(sandbox))
     yield ex

@@ -24,9 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from envs.scrub import SCRIPT, ScrubError, parse_result
-from harness.trace import Status
+from sao_harness.envs.scrub import SCRIPT, ScrubError, parse_result
+from sao_harness.harness.trace import Status
 
 ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@localhost", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
@@ -231,9 +230,9 @@ BUNDLED_ID = "sao-harness__minicfg-11"
 @pytest.fixture(scope="module")
 def images(docker_engine):
     """(bundled task, its verified image, an image built FROM it with later history: every label inherited)."""
-    from sao.config import load_config
-    from tasks.images import build_repo_images
-    from tasks.loaders import BUNDLED, load_tasks
+    from sao_harness.sao.config import load_config
+    from sao_harness.tasks.images import build_repo_images
+    from sao_harness.tasks.loaders import BUNDLED, load_tasks
 
     (task,) = load_tasks("bundled", instances=[BUNDLED_ID])
     build_repo_images(load_config("configs/local.yaml"), docker_engine, BUNDLED, [task], log=lambda *_: None)
@@ -254,15 +253,15 @@ class NoProxy:
     base_url = "http://127.0.0.1:9/v1"  # never called: the "agent" below does not use the model
 
     def close_episode(self, episode_id):
-        from harness.proxy import UnknownEpisode
+        from sao_harness.harness.proxy import UnknownEpisode
 
         raise UnknownEpisode(episode_id)
 
 
 def episode(task, run_id: str, tmp_path, agent_commands: dict[str, str], monkeypatch) -> tuple:
     """``run_episode`` of ``task`` whose "agent" runs ``agent_commands`` in the sandbox: (trajectory, outputs)."""
-    import harness.episode as ep
-    from sao.config import load_config
+    import sao_harness.harness.episode as ep
+    from sao_harness.sao.config import load_config
 
     seen: dict[str, str] = {}
 
@@ -287,7 +286,7 @@ AGENT = {"log": "git log --all --format='%H %s'", "show": "git show @FUTURE; ech
 
 def test_an_agent_finds_nothing_after_base_in_a_scrubbed_sandbox(images, docker_engine, test_run_id, tmp_path,
                                                                 monkeypatch):
-    from tasks.scrub import history_verified
+    from sao_harness.tasks.scrub import history_verified
 
     task, _, attack = images
     attacked = dataclasses.replace(task, image=attack)  # the bundled task's id and labels, not its image
@@ -310,7 +309,7 @@ def test_an_agent_finds_nothing_after_base_in_a_scrubbed_sandbox(images, docker_
 
 def forget_scrubbed(client, image: str) -> list[str]:
     """Remove every cached scrubbed copy of ``image``; the tags removed."""
-    from envs.scrub import SCRUBBED_REPOSITORY, SOURCE_LABEL
+    from sao_harness.envs.scrub import SCRUBBED_REPOSITORY, SOURCE_LABEL
 
     source = client.images.get(image).id
     tags = [t for i in client.images.list(SCRUBBED_REPOSITORY) if i.labels.get(SOURCE_LABEL) == source for t in i.tags]
@@ -321,7 +320,7 @@ def forget_scrubbed(client, image: str) -> list[str]:
 
 def test_the_scrubbed_image_is_made_once_per_node_and_a_forged_one_is_not_trusted(images, docker_engine, test_run_id,
                                                                                   tmp_path, monkeypatch):
-    from envs.scrub import KEY_LABEL, SCRUBBED_REPOSITORY, SOURCE_LABEL, scrub_key
+    from sao_harness.envs.scrub import KEY_LABEL, SCRUBBED_REPOSITORY, SOURCE_LABEL, scrub_key
 
     task, _, attack = images
     attacked = dataclasses.replace(task, image=attack)
@@ -341,8 +340,8 @@ def test_the_scrubbed_image_is_made_once_per_node_and_a_forged_one_is_not_truste
     assert forged.timings["scrub_s"] > 0 and "the fix" not in seen_forged["log"], seen_forged
     assert docker_engine.images.get(f"{SCRUBBED_REPOSITORY}:{key}").labels[KEY_LABEL] == key
     # `sao images pull` makes the copy ahead (tasks.images.scrub_images): the first sandbox scrubs nothing
-    from sao.config import load_config
-    from tasks.images import scrub_images
+    from sao_harness.sao.config import load_config
+    from sao_harness.tasks.images import scrub_images
 
     forget_scrubbed(docker_engine, attack)
     made = scrub_images(load_config("configs/local.yaml"), docker_engine, [attacked], progress=False,
@@ -361,7 +360,7 @@ def test_a_scrub_failure_is_an_infra_error_never_a_reward(images, test_run_id, t
 
 
 def test_the_verified_build_of_a_bundled_task_is_spared(images, docker_engine, test_run_id, tmp_path, monkeypatch):
-    from tasks.scrub import history_verified, scrub_needed
+    from sao_harness.tasks.scrub import history_verified, scrub_needed
 
     task, verified, attack = images
     traj, seen = episode(task, test_run_id, tmp_path, {"head": "git rev-parse HEAD"}, monkeypatch)

@@ -9,7 +9,7 @@ from tests.support import eval_data as units
 
 @pytest.fixture(scope="module")
 def chromium():
-    from eval.browser import BrowserUnavailable, ensure_chromium
+    from sao_harness.eval.browser import BrowserUnavailable, ensure_chromium
 
     try:
         return ensure_chromium()
@@ -19,8 +19,8 @@ def chromium():
 
 @pytest.mark.slow  # headless chromium
 def test_html_report_renders_tables_and_plots(tmp_path, chromium):
-    from eval.browser import image_stats, screenshot
-    from tasks.loaders import load_tasks
+    from sao_harness.eval.browser import image_stats, screenshot
+    from sao_harness.tasks.loaders import load_tasks
 
     tasks = {t.instance_id: t for t in load_tasks("bundled", instances=units.IDS)}
     d = tmp_path / "ev"

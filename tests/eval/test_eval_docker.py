@@ -12,10 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-
-from harness.trace import Status
-from sao.cli import main
-from tasks.grade_status import INFRA_FAILURES
+from sao_harness.harness.trace import Status
+from sao_harness.sao.cli import main
+from sao_harness.tasks.grade_status import INFRA_FAILURES
 
 pytestmark = pytest.mark.docker
 
@@ -37,13 +36,13 @@ def tokenizer(tiny_model_dir):
 
 
 def config(tmp_path, *overrides):
-    from sao.config import load_config
+    from sao_harness.sao.config import load_config
 
     return load_config("configs/local.yaml", [f"run.root={tmp_path}", "run.name=r", *ROOMY, *overrides])
 
 
 def tasks_of(ids):
-    from tasks.loaders import load_tasks
+    from sao_harness.tasks.loaders import load_tasks
 
     return load_tasks("bundled", instances=list(ids))
 
@@ -52,7 +51,7 @@ class Served:
     """A scripted engine behind a started proxy, for ``run_eval(engine=, proxy=)``."""
 
     def __init__(self, engine, cfg):
-        from harness.proxy import ProxyServer
+        from sao_harness.harness.proxy import ProxyServer
 
         self.engine = engine
         self.proxy = ProxyServer(engine, engine.tokenizer, cfg)
@@ -66,14 +65,14 @@ class Served:
 
 
 def gold_engine(tokenizer, ids):
-    from harness.scripted_policy import ScriptedPolicyEngine
+    from sao_harness.harness.scripted_policy import ScriptedPolicyEngine
 
     return ScriptedPolicyEngine.gold(tokenizer, tasks_of(ids))
 
 
 def empty_engine(tokenizer, ts):
     """A policy that only calls ``finish`` (past its empty script): an empty patch for every task."""
-    from harness.scripted_policy import ScriptedPolicyEngine
+    from sao_harness.harness.scripted_policy import ScriptedPolicyEngine
 
     return ScriptedPolicyEngine(tokenizer, {t.instance_id: [] for t in ts},
                                 {t.instance_id: t.problem_statement for t in ts})
@@ -84,7 +83,7 @@ def lines(path: Path) -> list[dict]:
 
 
 def test_gold_policy_scores_100_percent(tmp_path, client, tokenizer):
-    from eval.run import run_eval
+    from sao_harness.eval.run import run_eval
 
     cfg = config(tmp_path, f"eval.instances={json.dumps(GOLD_IDS)}", "eval.name=gold")
     with Served(gold_engine(tokenizer, GOLD_IDS), cfg) as s:
@@ -107,7 +106,7 @@ def test_gold_policy_scores_100_percent(tmp_path, client, tokenizer):
 
 
 def test_empty_policy_scores_0_percent(tmp_path, client, tokenizer):
-    from eval.run import run_eval
+    from sao_harness.eval.run import run_eval
 
     ids = GOLD_IDS[:2]
     cfg = config(tmp_path, f"eval.instances={json.dumps(ids)}")
@@ -121,7 +120,7 @@ def test_empty_policy_scores_0_percent(tmp_path, client, tokenizer):
 def test_resume_after_interruption(tmp_path, client, tokenizer, capsys):
     """Predictions already written (one instance, plus a line torn by the crash) are not redone;
     a second run redoes nothing at all."""
-    from eval.run import run_eval
+    from sao_harness.eval.run import run_eval
 
     ids = GOLD_IDS[:2]
     done, todo = ids
@@ -136,7 +135,7 @@ def test_resume_after_interruption(tmp_path, client, tokenizer, capsys):
     with Served(engine, cfg) as s:
         out = run_eval(cfg, engine=s.engine, proxy=s.proxy)
         assert out.resolved_line == "resolved: 2/2 guarded, 2/2 official"
-        from harness.store import read_traces
+        from sao_harness.harness.store import read_traces
 
         assert [t.task_id for t in read_traces(d)] == [todo]  # the predicted instance got no episode
         calls = engine.calls
@@ -204,8 +203,7 @@ def test_missing_task_images_are_built_before_the_episodes(tmp_path, client, tok
     import uuid
 
     import yaml
-
-    from eval.run import run_eval
+    from sao_harness.eval.run import run_eval
 
     src = Path("tasks/bundled")
     iid = f"sao-evaltest__minicfg-{uuid.uuid4().hex[:8]}"
@@ -219,7 +217,7 @@ def test_missing_task_images_are_built_before_the_episodes(tmp_path, client, tok
     (repo / "tasks" / iid / "task.yaml").write_text(yaml.safe_dump(meta))
     cfg = config(tmp_path, f"eval.dataset={repo}")
     try:
-        from tasks.loaders import load_tasks
+        from sao_harness.tasks.loaders import load_tasks
 
         with Served(empty_engine(tokenizer, load_tasks(str(repo))), cfg) as s:
             out = run_eval(cfg, engine=s.engine, proxy=s.proxy)

@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
+from sao_harness.core.errors import UserError
+from sao_harness.harness.trace import Status
+from sao_harness.sao.cli import main
+from sao_harness.tasks.grade_status import INFRA_FAILURES
 
-from core.errors import UserError
-from harness.trace import Status
-from sao.cli import main
-from tasks.grade_status import INFRA_FAILURES
 from tests.support.eval_data import IDS, synthetic_eval
 
 
@@ -23,14 +23,14 @@ def cli(capsys, *argv) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def bundled():
-    from tasks.loaders import load_tasks
+    from sao_harness.tasks.loaders import load_tasks
 
     return {t.instance_id: t for t in load_tasks("bundled", instances=IDS)}
 
 
 # --- predictions and resume files ----------------------------------------------------------
 def test_jsonl_log_keeps_whole_lines_only(tmp_path):
-    from eval.paths import JsonlLog
+    from sao_harness.eval.paths import JsonlLog
 
     log = JsonlLog(tmp_path / "p.jsonl")
     log.append({"instance_id": "a", "x": 1})
@@ -44,7 +44,7 @@ def test_jsonl_log_keeps_whole_lines_only(tmp_path):
 
 
 def test_bad_predictions_file_one_error_per_line(tmp_path, bundled):
-    from eval.cli import read_predictions
+    from sao_harness.eval.cli import read_predictions
 
     t = bundled[IDS[0]]
     lines = [
@@ -79,8 +79,8 @@ def _model_dir(p: Path, tokenizer: bool = True) -> Path:
 
 
 def test_resolve_policy(tmp_path):
-    from eval.policy import resolve_policy
-    from sao.config import load_config
+    from sao_harness.eval.policy import resolve_policy
+    from sao_harness.sao.config import load_config
 
     run = [f"run.root={tmp_path}", "run.name=r"]
     for step in ("step-2", "step-10", "step-9", ".tmp-step-000011-99"):  # a hidden one is being written
@@ -107,7 +107,7 @@ def test_resolve_policy(tmp_path):
 def test_resolve_checkpoint_one_rule_for_resume_and_eval(tmp_path):
     """`latest`: the pointer when the checkpoint it names holds what the caller reads, else the highest
     step (numerically) that does; trainer resume needs state.json, eval and the demo policy/config.json."""
-    from trainer.checkpoint import (
+    from sao_harness.trainer.checkpoint import (
         POLICY_CONFIG,
         STATE,
         latest_checkpoint,
@@ -133,8 +133,8 @@ def test_resolve_checkpoint_one_rule_for_resume_and_eval(tmp_path):
 
 
 def test_eval_sampling_overrides_the_rollout_sampling(tmp_path):
-    from eval.run import eval_run_config
-    from sao.config import load_config
+    from sao_harness.eval.run import eval_run_config
+    from sao_harness.sao.config import load_config
 
     cfg = load_config("configs/local.yaml", [f"run.root={tmp_path}", "run.name=r", "sampling.temperature=0.7",
                                              "eval.temperature=0", "eval.top_p=0.9", "eval.workers=3",
@@ -148,7 +148,7 @@ def test_eval_sampling_overrides_the_rollout_sampling(tmp_path):
 
 
 def test_cli_parses_overrides_and_flags_in_any_order():
-    from sao.cli import build_parser
+    from sao_harness.sao.cli import build_parser
 
     a = build_parser().parse_args(["eval", "--config", "c.yaml", "eval.temperature=0.5", "--gold", "--instances",
                                    "A", "B", "run.name=x", "--checkpoint", "latest"])
@@ -211,7 +211,7 @@ def test_compare(tmp_path, bundled, capsys):
     a, b = tmp_path / "runA" / "eval" / "before", tmp_path / "after"
     synthetic_eval(a, bundled, {IDS[0], IDS[1]}, name="before")
     synthetic_eval(b, {k: v for k, v in bundled.items() if k != IDS[3]}, {IDS[0], IDS[2]}, name="after")
-    from eval.compare import compare
+    from sao_harness.eval.compare import compare
 
     res = compare(tmp_path / "runA", b / "report.json")  # a run dir (its newest eval) and a report file
     assert res["counts"] == {"newly_resolved": 1, "newly_failed": 1, "unchanged_resolved": 1,
@@ -227,10 +227,10 @@ def test_compare(tmp_path, bundled, capsys):
 
 def test_stored_trajectory_without_prediction_is_reconciled(tmp_path):
     """A crash between the trace write and the prediction line: the next start writes the prediction."""
-    from eval.paths import EvalPaths, JsonlLog
-    from eval.predict import reconcile
-    from harness.store import TraceStore
-    from harness.trace import Trajectory
+    from sao_harness.eval.paths import EvalPaths, JsonlLog
+    from sao_harness.eval.predict import reconcile
+    from sao_harness.harness.store import TraceStore
+    from sao_harness.harness.trace import Trajectory
 
     paths = EvalPaths(tmp_path / "ev")
     store = TraceStore(paths.dir)
@@ -249,9 +249,9 @@ def test_context_budget_end_is_truncated_context_not_infra():
     """The proxy's over-budget answer ends the episode as truncated_context (graded), not infra_error."""
     from types import SimpleNamespace
 
-    from harness.agent import AgentResult, ErrorKind, classify_error
-    from harness.episode import _status
-    from harness.trace import Trajectory
+    from sao_harness.harness.agent import AgentResult, ErrorKind, classify_error
+    from sao_harness.harness.episode import _status
+    from sao_harness.harness.trace import Trajectory
 
     over = RuntimeError("litellm.BadRequestError: OpenAIException - context_length_exceeded: prompt is 16820 "
                         "tokens, the context budget (proxy.context_budget) is 16384: ...")
@@ -270,9 +270,9 @@ def test_context_budget_end_is_truncated_context_not_infra():
 def test_a_mixed_source_is_reported_per_dataset(tmp_path):
     """A comma-separated eval.dataset mixes datasets (each task knows its part): the overall report is as
     for one dataset, plus each dataset's resolved rates and its own swebench summary (synthetic verdicts)."""
-    from eval.grading import dataset_reports
-    from eval.report import write_report
-    from tasks.loaders import load_tasks_lenient
+    from sao_harness.eval.grading import dataset_reports
+    from sao_harness.eval.report import write_report
+    from sao_harness.tasks.loaders import load_tasks_lenient
 
     fixtures = Path(__file__).parent.parent / "tasks" / "fixtures" / "datasets"
     gym, rebench = str(fixtures / "swe_gym.jsonl"), str(fixtures / "swe_rebench.jsonl")

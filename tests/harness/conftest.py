@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import pytest
-
-from envs.config import DockerConfig
-from envs.engine import docker_client
-from envs.errors import EngineGone
-from envs.images import base_tag, image_exists
-from harness.agent import load_sdk
+from sao_harness.envs.config import DockerConfig
+from sao_harness.envs.engine import docker_client
+from sao_harness.envs.errors import EngineGone
+from sao_harness.envs.images import base_tag, image_exists
+from sao_harness.harness.agent import load_sdk
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.tiny_model import templated_tiny_model
+from sao_harness.harness.tiny_model import templated_tiny_model
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 REPO = Path(__file__).resolve().parents[2]

@@ -9,12 +9,12 @@ import json
 
 import httpx
 import pytest
+from sao_harness.envs.errors import EngineGone
+from sao_harness.harness.agent import AgentSettings, ErrorKind, classify_error, load_sdk, run_agent
+from sao_harness.harness.prompts import SWEBENCH_CONDA_ACTIVATE, instruction_for, nudge_text
+from sao_harness.harness.trace import Status
+from sao_harness.sao.config import load_config
 
-from envs.errors import EngineGone
-from harness.agent import AgentSettings, ErrorKind, classify_error, load_sdk, run_agent
-from harness.prompts import SWEBENCH_CONDA_ACTIVATE, instruction_for, nudge_text
-from harness.trace import Status
-from sao.config import load_config
 from tests.support.fakellm import FakeLLM, Reply, http_error, prompt_call, text, tool
 
 
@@ -153,7 +153,7 @@ def test_stuck_detection_is_reported():
 
 
 def test_classify_error(sdk):
-    from harness.tools import SandboxUnavailable  # lazy: imports the openhands SDK
+    from sao_harness.harness.tools import SandboxUnavailable  # lazy: imports the openhands SDK
 
     llm_exc = sdk["llm_exc"]
     wrap = sdk["ConversationRunError"]

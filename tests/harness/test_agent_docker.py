@@ -14,12 +14,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sao_harness.envs.config import SandboxConfig
+from sao_harness.envs.sandbox import Sandbox
+from sao_harness.harness.agent import AgentSettings, ErrorKind, run_agent
+from sao_harness.harness.prompts import instruction_for
+from sao_harness.harness.trace import Status
 
-from envs.config import SandboxConfig
-from envs.sandbox import Sandbox
-from harness.agent import AgentSettings, ErrorKind, run_agent
-from harness.prompts import instruction_for
-from harness.trace import Status
 from tests.support.agent import make_repo_sandbox
 from tests.support.fakellm import FakeLLM, Reply, prompt_call, text, tool
 
@@ -35,7 +35,7 @@ def sandbox(engine):
 
 @pytest.fixture(scope="module")
 def tools(sandbox):
-    from harness.tools import SandboxTarget, SandboxTools  # lazy: imports the openhands SDK
+    from sao_harness.harness.tools import SandboxTarget, SandboxTools  # lazy: imports the openhands SDK
 
     t = SandboxTools(SandboxTarget.from_sandbox(sandbox))
     yield t
@@ -86,9 +86,8 @@ def test_terminal_wide_clean_output_and_interrupt(tools):
 def test_no_terminal_call_outlives_max_command_s(sandbox, command, kw):
     """A policy that hangs a terminal call hangs its rollout worker (and a synchronous group barrier)."""
     from openhands.tools.terminal.definition import TerminalAction  # lazy: imports the openhands SDK
-
-    from harness.tools import SandboxTarget, SandboxTools
-    from harness.tools.terminal import KILL_GRACE_S
+    from sao_harness.harness.tools import SandboxTarget, SandboxTools
+    from sao_harness.harness.tools.terminal import KILL_GRACE_S
 
     with SandboxTools(SandboxTarget.from_sandbox(sandbox), max_command_s=3) as t:
         t0 = time.monotonic()
@@ -363,7 +362,7 @@ def test_an_agent_that_breaks_its_tools_gets_an_error_not_an_infra_failure(engin
 
 def test_a_first_shell_that_does_not_start_is_infrastructure(engine):
     """Before the agent's first action nothing in the container is its doing: no shell is SandboxUnavailable."""
-    from harness.tools import SandboxTarget, SandboxTools, SandboxUnavailable
+    from sao_harness.harness.tools import SandboxTarget, SandboxTools, SandboxUnavailable
 
     sb = make_repo_sandbox(engine)
     try:
@@ -379,8 +378,7 @@ def test_file_editor_writes_where_the_archive_api_cannot(engine):
     read-only root is the agent's error, as the SDK editor would report it."""
     # lazy: imports the openhands SDK
     from openhands.tools.file_editor.definition import FileEditorAction
-
-    from harness.tools import SandboxTarget, SandboxTools
+    from sao_harness.harness.tools import SandboxTarget, SandboxTools
 
     client, image = engine
     with Sandbox(image, SandboxConfig(read_only=True), client=client) as sb:
@@ -403,9 +401,8 @@ def test_file_editor_probe_survives_a_lost_exec_reply_but_not_a_persistent_one(s
     one lost reply costs nothing. A reply that never parses from a running container is what the agent did
     to it (an agent can replace `bash` with `true`): the call's error, never an infrastructure failure."""
     from openhands.tools.file_editor.definition import FileEditorAction  # lazy: imports the openhands SDK
-
-    from harness.tools.file_editor import PROBE_ATTEMPTS
-    from harness.tools.target import SandboxBroken
+    from sao_harness.harness.tools.file_editor import PROBE_ATTEMPTS
+    from sao_harness.harness.tools.target import SandboxBroken
 
     sandbox.write_file("/testbed/lost.py", b"a = 1\n")
     editor = tools.file_editor

@@ -5,11 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from harness.engines.hf import HFEngine
-from harness.engines.protocol import EngineError, EngineTimeout, SamplingParams
-from harness.engines.sampling import sampling_logprobs
-from harness.tiny_model import ensure_tiny_model
+from sao_harness.harness.engines.hf import HFEngine
+from sao_harness.harness.engines.protocol import EngineError, EngineTimeout, SamplingParams
+from sao_harness.harness.engines.sampling import sampling_logprobs
+from sao_harness.harness.tiny_model import ensure_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 

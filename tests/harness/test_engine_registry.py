@@ -5,17 +5,22 @@ import sys
 
 import pytest
 from pydantic import BaseModel, ConfigDict
+from sao_harness.core.config import ConfigError
+from sao_harness.core.errors import UserError
+from sao_harness.harness.engines import make_engine, registry
+from sao_harness.harness.engines.protocol import Engine, GenerateResult, SamplingParams
+from sao_harness.harness.engines.registry import (
+    EngineSpec,
+    engine_spec,
+    register_engine,
+    replica_gpus,
+    weight_sync_transport,
+)
+from sao_harness.harness.engines.vllm_env import engine_runtime_env
+from sao_harness.harness.proxy.server import ProxyServer
+from sao_harness.sao.config import load_config
+from sao_harness.sao.doctor import check_vllm, wants_gpu
 from transformers import AutoTokenizer
-
-from core.config import ConfigError
-from core.errors import UserError
-from harness.engines import make_engine, registry
-from harness.engines.protocol import Engine, GenerateResult, SamplingParams
-from harness.engines.registry import EngineSpec, engine_spec, register_engine, replica_gpus, weight_sync_transport
-from harness.engines.vllm_env import engine_runtime_env
-from harness.proxy.server import ProxyServer
-from sao.config import load_config
-from sao.doctor import check_vllm, wants_gpu
 
 
 class EchoOptions(BaseModel):
@@ -110,8 +115,8 @@ def test_unknown_kinds_and_bad_specs_are_errors(fresh_registry):
 
 
 def test_registering_the_built_ins_imports_neither_torch_nor_vllm():
-    code = ("import sys, harness.engines, harness.config\n"
-            "assert set(harness.engines.ENGINES) >= {'hf', 'vllm', 'scripted', 'expert'}\n"
+    code = ("import sys, sao_harness.harness.engines as engines, sao_harness.harness.config\n"
+            "assert set(engines.ENGINES) >= {'hf', 'vllm', 'scripted', 'expert'}\n"
             "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -3,9 +3,8 @@ import math
 
 import pytest
 import torch
-
-from harness.engines.protocol import SamplingParams, find_stop
-from harness.engines.sampling import sample_token, sampling_logprobs
+from sao_harness.harness.engines.protocol import SamplingParams, find_stop
+from sao_harness.harness.engines.sampling import sample_token, sampling_logprobs
 
 
 def test_plain_temperature_is_log_softmax_of_scaled_logits():

@@ -2,13 +2,12 @@
 from pathlib import Path
 
 import pytest
+from sao_harness.harness.engines import make_engine, sampling_from_config
+from sao_harness.harness.engines.protocol import EngineError, EngineTimeout, SamplingParams
+from sao_harness.harness.engines.scripted import ScriptedEngine
+from sao_harness.harness.tiny_model import ensure_tiny_model
+from sao_harness.sao.config import load_config
 from transformers import AutoTokenizer
-
-from harness.engines import make_engine, sampling_from_config
-from harness.engines.protocol import EngineError, EngineTimeout, SamplingParams
-from harness.engines.scripted import ScriptedEngine
-from harness.tiny_model import ensure_tiny_model
-from sao.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 REPLY = 'Let me look.\n<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>'
@@ -63,8 +62,8 @@ def test_make_engine_by_kind(tok):
 
 
 def test_make_engine_expert_replies_by_task_and_turn(tok):
-    from harness.engines.expert import ExpertEngine
-    from tasks.loaders import load_tasks
+    from sao_harness.harness.engines.expert import ExpertEngine
+    from sao_harness.tasks.loaders import load_tasks
 
     cfg = load_config(None, ["engine.kind=expert", f"model.cache_dir={REPO / '.cache' / 'sao'}"])
     [task] = load_tasks("bundled", instances=["sao-harness__minicfg-8"])

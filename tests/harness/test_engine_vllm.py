@@ -17,9 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from harness.engines.protocol import EngineError, EngineTimeout, SamplingParams
-from harness.engines.vllm import (
+from sao_harness.harness.engines.protocol import EngineError, EngineTimeout, SamplingParams
+from sao_harness.harness.engines.vllm import (
     SaoWorkerExtension,
     VLLMEngine,
     from_vllm_output,
@@ -190,7 +189,7 @@ def test_engine_generate_and_timeout(fake_vllm):
     try:
         args = eng.llm.args
         assert args.logprobs_mode == "processed_logprobs"
-        assert args.worker_extension_cls == "harness.engines.vllm.SaoWorkerExtension"
+        assert args.worker_extension_cls == "sao_harness.harness.engines.vllm.SaoWorkerExtension"
         res = eng.generate([1, 2, 3], SamplingParams(max_tokens=4))
         assert res.token_ids == [100, 101, 102, 103] and res.finish_reason == "length" and res.versions == [0] * 4
         with pytest.raises(EngineTimeout):
@@ -310,7 +309,7 @@ def test_an_incomplete_update_fails_and_the_engine_refuses_until_a_complete_one(
 
 
 def test_engine_args_on_cpu_and_on_gpus():
-    from harness.engines.vllm import engine_args
+    from sao_harness.harness.engines.vllm import engine_args
 
     common = dict(dtype="float32", tensor_parallel_size=1, gpu_memory_utilization=0.5, seed=0, max_model_len=4096)
     args, env = engine_args("m", **common, kv_cache_bytes=3 * 2**30 + 1, cpu=True, vllm_args={"enforce_eager": True})
@@ -331,7 +330,7 @@ def test_seeds_dropped_only_where_chunked_prefill_would_kill_a_cpu_engine():
 
 
 def test_vllm_args_are_checked_against_the_shipped_field_list():
-    from harness.config import EngineConfig
+    from sao_harness.harness.config import EngineConfig
 
     assert EngineConfig(vllm_args={"enforce_eager": True, "max_num_seqs": 4, "kv_cache_dtype": "fp8",
                                    "enable_expert_parallel": True, "hf_overrides": {"rope_scaling": {}}}).vllm_args
@@ -342,7 +341,7 @@ def test_vllm_args_are_checked_against_the_shipped_field_list():
 
 
 def test_fused_experts_split_into_per_expert_checkpoint_names():
-    from harness.engines.vllm_weights import to_checkpoint_names
+    from sao_harness.harness.engines.vllm_weights import to_checkpoint_names
 
     gate_up = torch.arange(2 * 6 * 3, dtype=torch.float32).reshape(2, 6, 3)  # [E, 2I, H], gate rows first
     down = torch.arange(2 * 3 * 3, dtype=torch.float32).reshape(2, 3, 3)  # [E, H, I]

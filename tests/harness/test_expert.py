@@ -13,12 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from sao_harness.harness.expert import expert_replies, minimal_edits
+from sao_harness.harness.scripted_policy import gold_replies
+from sao_harness.harness.trace import Status
+from sao_harness.tasks.loaders import load_tasks
 from unidiff import PatchSet
-
-from harness.expert import expert_replies, minimal_edits
-from harness.scripted_policy import gold_replies
-from harness.trace import Status
-from tasks.loaders import load_tasks
 
 TASKS = ["sao-harness__minicfg-8", "sao-harness__spanlib-8", "sao-harness__tablefmt-9"]
 
@@ -92,13 +91,13 @@ def test_expert_edits_apply_each_bundled_gold_patch_and_are_short(tmp_path, toke
 @pytest.mark.docker
 def test_expert_episodes_resolve_are_short_and_traces_hold_the_emitted_ids(docker_engine, project_root,
                                                                            tmp_path, tokenizer):
-    from harness.engines import make_engine
-    from harness.engines.expert import ExpertEngine
-    from harness.expert import image_file_reader
-    from harness.proxy import ProxyServer
-    from harness.rollout import run_rollout
-    from harness.store import TraceStore
-    from sao.config import load_config
+    from sao_harness.harness.engines import make_engine
+    from sao_harness.harness.engines.expert import ExpertEngine
+    from sao_harness.harness.expert import image_file_reader
+    from sao_harness.harness.proxy import ProxyServer
+    from sao_harness.harness.rollout import run_rollout
+    from sao_harness.harness.store import TraceStore
+    from sao_harness.sao.config import load_config
 
     class Recording(ExpertEngine):
         def __init__(self, *a, **kw):
@@ -146,8 +145,7 @@ def test_compact_profile_keeps_the_tools_parameters():
     from openhands.sdk.tool.builtins import FinishAction, ThinkAction
     from openhands.tools.file_editor.definition import FileEditorAction
     from openhands.tools.terminal.definition import TerminalAction
-
-    from harness.tools.registry import COMPACT_TOOLS
+    from sao_harness.harness.tools.registry import COMPACT_TOOLS
 
     def shape(action_type):
         schema = action_type.to_mcp_schema()

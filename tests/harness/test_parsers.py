@@ -3,10 +3,9 @@ import json
 from types import SimpleNamespace
 
 import pytest
-
-from core.errors import UserError
-from harness.proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, default_parsers, parsers_from_config
-from harness.tiny_model import CHAT_TEMPLATE
+from sao_harness.core.errors import UserError
+from sao_harness.harness.proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, default_parsers, parsers_from_config
+from sao_harness.harness.tiny_model import CHAT_TEMPLATE
 
 TOOLS = [{"type": "function", "function": {"name": "view", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "line": {"type": "integer"}, "scale": {"type": "number"},

@@ -9,16 +9,16 @@ import httpx
 import pytest
 import torch
 from openai import OpenAI
+from sao_harness.harness.engines.hf import HFEngine
+from sao_harness.harness.engines.sampling import sampling_logprobs
+from sao_harness.harness.engines.scripted import ScriptedEngine
+from sao_harness.harness.proxy import ProxyServer
+from sao_harness.harness.store import TraceStore, read_shard
+from sao_harness.harness.tiny_model import ensure_tiny_model
+from sao_harness.harness.trace import Status
+from sao_harness.sao.config import load_config
 from transformers import AutoTokenizer
 
-from harness.engines.hf import HFEngine
-from harness.engines.sampling import sampling_logprobs
-from harness.engines.scripted import ScriptedEngine
-from harness.proxy import ProxyServer
-from harness.store import TraceStore, read_shard
-from harness.tiny_model import ensure_tiny_model
-from harness.trace import Status
-from sao.config import load_config
 from tests.support.proxy import Spy
 
 REPO = Path(__file__).resolve().parents[2]

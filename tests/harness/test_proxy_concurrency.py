@@ -6,14 +6,13 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
+from sao_harness.harness.engines.hf import HFEngine
+from sao_harness.harness.proxy import ProxyServer
+from sao_harness.harness.testbeds.simulated import SleepEngine
+from sao_harness.harness.tiny_model import ensure_tiny_model
+from sao_harness.harness.trace import Status
+from sao_harness.sao.config import load_config
 from transformers import AutoTokenizer
-
-from harness.engines.hf import HFEngine
-from harness.proxy import ProxyServer
-from harness.testbeds.simulated import SleepEngine
-from harness.tiny_model import ensure_tiny_model
-from harness.trace import Status
-from sao.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 EPISODES = 4

@@ -5,15 +5,14 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
+from sao_harness.core.errors import UserError
+from sao_harness.harness.engines.scripted import ScriptedEngine
+from sao_harness.harness.proxy import ProxyServer, check_loopback, parse_tool_calls
+from sao_harness.harness.store import TraceStore, read_shard
+from sao_harness.harness.tiny_model import ensure_tiny_model
+from sao_harness.harness.trace import Status
+from sao_harness.sao.config import load_config
 from transformers import AutoTokenizer
-
-from core.errors import UserError
-from harness.engines.scripted import ScriptedEngine
-from harness.proxy import ProxyServer, check_loopback, parse_tool_calls
-from harness.store import TraceStore, read_shard
-from harness.tiny_model import ensure_tiny_model
-from harness.trace import Status
-from sao.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = [{"type": "function", "function": {"name": "terminal", "parameters": {

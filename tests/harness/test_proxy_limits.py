@@ -13,19 +13,18 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from openai import OpenAI
+from sao_harness.core.errors import UserError
+from sao_harness.harness.agent import AgentSettings, run_agent
+from sao_harness.harness.config import context_budget
+from sao_harness.harness.engines.scripted import ScriptedEngine
+from sao_harness.harness.episode import EpisodeContext
+from sao_harness.harness.episode import _status as episode_status
+from sao_harness.harness.proxy import ProxyServer, check_loopback
+from sao_harness.harness.testbeds.simulated import chat_episode
+from sao_harness.harness.tiny_model import ensure_tiny_model
+from sao_harness.harness.trace import Status
+from sao_harness.sao.config import load_config
 from transformers import AutoTokenizer
-
-from core.errors import UserError
-from harness.agent import AgentSettings, run_agent
-from harness.config import context_budget
-from harness.engines.scripted import ScriptedEngine
-from harness.episode import EpisodeContext
-from harness.episode import _status as episode_status
-from harness.proxy import ProxyServer, check_loopback
-from harness.testbeds.simulated import chat_episode
-from harness.tiny_model import ensure_tiny_model
-from harness.trace import Status
-from sao.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "sao"
@@ -149,7 +148,8 @@ def test_a_routable_host_needs_a_token():
 
 
 def test_sao_serve_names_the_key_for_a_routable_host():
-    proc = subprocess.run([sys.executable, "-m", "sao.cli", "serve", "--host", "10.1.2.3"], cwd=REPO, check=False,
+    proc = subprocess.run([sys.executable, "-m", "sao_harness.sao.cli",
+                           "serve", "--host", "10.1.2.3"], cwd=REPO, check=False,
                           capture_output=True, text=True, timeout=120,
                           env={k: v for k, v in os.environ.items() if k != "SAO_PROXY_TOKEN"})
     out = proc.stdout + proc.stderr
@@ -213,7 +213,7 @@ def test_the_context_budget_is_the_smaller_of_the_config_and_the_models_length(t
     assert "'nobody/not-a-cached-model' could not be read" in missing.warning
     assert "could not be read" in missing.describe()
     cfg = load_config(None, [f"model.cache_dir={CACHE}", "model.path=nobody/not-a-cached-model"])
-    with caplog.at_level(logging.WARNING, logger="harness.proxy.server"):
+    with caplog.at_level(logging.WARNING, logger="sao_harness.harness.proxy.server"):
         proxy = ProxyServer(ScriptedEngine(tok), tok, cfg)  # the proxy says so too
     assert proxy.context_budget == 131_072 and "not-a-cached-model' could not be read" in caplog.text
 

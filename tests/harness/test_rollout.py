@@ -10,17 +10,16 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
-from core.errors import UserError
-from harness.episode import run_episode
-from harness.proxy import ProxyServer
-from harness.rollout import run_rollout
-from harness.runner import episode_function, run_with_retries
-from harness.scripted_policy import ScriptedPolicyEngine, tool_call
-from harness.store import TraceStore
-from harness.trace import Status, Trajectory
-from sao.config import load_config
-from tasks.loaders import load_tasks
+from sao_harness.core.errors import UserError
+from sao_harness.harness.episode import run_episode
+from sao_harness.harness.proxy import ProxyServer
+from sao_harness.harness.rollout import run_rollout
+from sao_harness.harness.runner import episode_function, run_with_retries
+from sao_harness.harness.scripted_policy import ScriptedPolicyEngine, tool_call
+from sao_harness.harness.store import TraceStore
+from sao_harness.harness.trace import Status, Trajectory
+from sao_harness.sao.config import load_config
+from sao_harness.tasks.loaders import load_tasks
 
 pytestmark = pytest.mark.docker
 
@@ -97,7 +96,7 @@ def test_turn_limit_gives_truncated_turns(docker_engine, project_root, tmp_path,
 
 
 def test_container_killed_mid_episode_is_infra_error_without_reward(docker_engine, project_root, tmp_path, tokenizer):
-    from envs.engine import docker_client
+    from sao_harness.envs.engine import docker_client
 
     cfg = make_cfg(project_root, tmp_path, f"tasks.instances=[{TASK}]", "rollout.workers=1", "rollout.max_retries=1")
     tasks = load_tasks("bundled", instances=[TASK])
@@ -153,7 +152,8 @@ def test_an_agent_that_removes_bash_is_graded_not_infra(docker_engine, project_r
 def test_tiny_model_rollout_writes_valid_traces_and_resumes(docker_engine, project_root, tmp_path):
     """`sao rollout` with the tiny model (hf engine) on two tasks; a second invocation resumes."""
     run = lambda: subprocess.run(
-        [sys.executable, "-m", "sao.cli", "rollout", "--config", "configs/local.yaml", f"run.root={tmp_path}",
+        [sys.executable, "-m", "sao_harness.sao.cli",
+         "rollout", "--config", "configs/local.yaml", f"run.root={tmp_path}",
          "run.name=tiny", f"tasks.instances=[{TASK}, {TASK2}]", "agent.max_iterations=3", "sampling.max_tokens=48"],
         cwd=project_root, capture_output=True, text=True, timeout=600)
     first = run()
@@ -166,7 +166,7 @@ def test_tiny_model_rollout_writes_valid_traces_and_resumes(docker_engine, proje
         assert t.status in (Status.OK, Status.TRUNCATED_TURNS, Status.AGENT_ERROR), t.metadata
         assert t.num_action_tokens > 0 and t.versions == [0]
         assert all(lp <= 0 for s in t.segments if s.kind == "action" for lp in s.logp_rollout)
-    show = subprocess.run([sys.executable, "-m", "sao.cli", "trace", "show", str(store.shards()[0])],
+    show = subprocess.run([sys.executable, "-m", "sao_harness.sao.cli", "trace", "show", str(store.shards()[0])],
                           cwd=project_root, capture_output=True, text=True, timeout=120)
     assert show.returncode == 0 and "[ACTION" in show.stdout and "<|im_start|>system" in show.stdout
     second = run()

@@ -7,11 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from sao_harness.harness.proxy import TemplateError
+from sao_harness.harness.proxy.template import ChatTemplate
+from sao_harness.harness.tiny_model import ensure_tiny_model
 from transformers import AutoTokenizer
-
-from harness.proxy import TemplateError
-from harness.proxy.template import ChatTemplate
-from harness.tiny_model import ensure_tiny_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "templates"
 REPO = Path(__file__).resolve().parents[2]

@@ -21,19 +21,19 @@ import httpx
 import pytest
 import torch
 from openai import OpenAI
+from sao_harness.harness.engines import make_engine
+from sao_harness.harness.engines.scripted import ScriptedEngine
+from sao_harness.harness.proxy import ProxyServer, TemplateError
+from sao_harness.harness.proxy.template import ChatTemplate
+from sao_harness.harness.store import TraceStore, read_shard
+from sao_harness.harness.trace import Status
+from sao_harness.sao.config import load_config
+from sao_harness.trainer.batch import build_batch
+from sao_harness.trainer.models import policy_token_logprobs
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from harness.engines import make_engine
-from harness.engines.scripted import ScriptedEngine
-from harness.proxy import ProxyServer, TemplateError
-from harness.proxy.template import ChatTemplate
-from harness.store import TraceStore, read_shard
-from harness.trace import Status
-from sao.config import load_config
 from tests.harness.template_families import FAMILIES, TEMPLATES
 from tests.support.proxy import Spy, start_sao_serve
-from trainer.batch import build_batch
-from trainer.models import policy_token_logprobs
 
 TOOLS = [
     {"type": "function", "function": {"name": "terminal", "description": "Run a bash command.", "parameters": {
@@ -203,7 +203,7 @@ def test_template_that_cannot_be_anchored_is_refused_at_start():
 
 
 def test_published_templates_pick_their_parsers():
-    from harness.proxy import default_parsers
+    from sao_harness.harness.proxy import default_parsers
 
     for fam in FAMILIES.values():
         assert default_parsers((TEMPLATES / fam.template).read_text()) == (fam.tool_parser, fam.reasoning_parser)
@@ -229,10 +229,10 @@ def test_openhands_expert_episode_resolves_with_the_qwen3_template(docker_engine
     """A real OpenHands episode (expert engine, compact profile, Docker sandbox, official grader) on a
     bundled task, with a model directory that carries the Qwen3 template and replies that think first
     (the SDK gets ``reasoning_content``): resolved, no break, no error, the reasoning kept in the trace."""
-    from harness.engines.expert import ExpertEngine
-    from harness.expert import image_file_reader
-    from harness.rollout import run_rollout
-    from tasks.loaders import load_tasks
+    from sao_harness.harness.engines.expert import ExpertEngine
+    from sao_harness.harness.expert import image_file_reader
+    from sao_harness.harness.rollout import run_rollout
+    from sao_harness.tasks.loaders import load_tasks
 
     path = FAMILIES["qwen3"].model_dir()
     tok = AutoTokenizer.from_pretrained(path)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sao_harness.harness.store import TraceStore, read_shard, read_traces
+from sao_harness.harness.trace import EXCLUDED, REWARDED, SCHEMA, Status, TraceError, Trajectory, to_table
 
-from harness.store import TraceStore, read_shard, read_traces
-from harness.trace import EXCLUDED, REWARDED, SCHEMA, Status, TraceError, Trajectory, to_table
 from tests.support.traces import make_traj
 
 
@@ -149,7 +149,7 @@ def test_round_trip_through_datasets(tmp_path):
 
 def test_interrupted_write_leaves_no_readable_partial_shard(tmp_path, monkeypatch):
     """An exception mid-write: no shard and no temporary file remain."""
-    import harness.store as store_mod
+    import sao_harness.harness.store as store_mod
 
     def half_write(table, f, **kw):
         f.write(b"PAR1 half a shard")
@@ -166,7 +166,7 @@ def test_kill_9_mid_write_leaves_no_partial_shard(tmp_path):
     """A writer killed with SIGKILL mid-write: readers see only complete shards."""
     script = textwrap.dedent(f"""
         import sys, time
-        import harness.store as s
+        import sao_harness.harness.store as s
         from tests.support.traces import make_traj
         real = s.pq.write_table
         def slow(table, f, **kw):
@@ -195,7 +195,7 @@ def test_kill_9_mid_write_leaves_no_partial_shard(tmp_path):
 def test_trace_show_cli(tmp_path, project_root):
     store = TraceStore(tmp_path)
     shard = store.write([make_traj("first"), make_traj("second")])
-    run = lambda *a: subprocess.run([sys.executable, "-m", "sao.cli", "trace", "show", *a],
+    run = lambda *a: subprocess.run([sys.executable, "-m", "sao_harness.sao.cli", "trace", "show", *a],
                                     capture_output=True, text=True, cwd=project_root, timeout=120)
     r = run(str(shard), "--index", "1")
     assert r.returncode == 0, r.stderr

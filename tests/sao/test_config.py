@@ -6,11 +6,10 @@ import sys
 
 import pytest
 import yaml
-
-from core.config import ConfigError, Section
-from sao.cli import main
-from sao.config import MOVED_KEYS, Config, config_keys, config_table, load_config
-from trainer.config import TrainerConfig
+from sao_harness.core.config import ConfigError, Section
+from sao_harness.sao.cli import main
+from sao_harness.sao.config import MOVED_KEYS, Config, config_keys, config_table, load_config
+from sao_harness.trainer.config import TrainerConfig
 
 
 def test_both_shipped_configs_validate(project_root):
@@ -76,7 +75,8 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 
 def _sao(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "sao.cli", *args], cwd=cwd, check=False, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "sao_harness.sao.cli",
+                           *args], cwd=cwd, check=False, capture_output=True,
                           text=True, timeout=120)
 
 

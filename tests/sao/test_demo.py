@@ -3,11 +3,11 @@ import json
 import math
 import re
 
-from sao import demo
-from sao.config import load_config
-from sao.demo import headline
-from sao.demo_report import panels, write_demo_report
-from tasks.grade_status import INFRA_FAILURES
+from sao_harness.sao import demo
+from sao_harness.sao.config import load_config
+from sao_harness.sao.demo import headline
+from sao_harness.sao.demo_report import panels, write_demo_report
+from sao_harness.tasks.grade_status import INFRA_FAILURES
 
 LINE = re.compile(r"^demo: toy reward (\d+\.\d\d) -> (\d+\.\d\d) \(EV (-?\d+\.\d\d)\), resolved base (\d+)% -> "
                   r"sft (\d+)% -> sao (\d+)% \((\d+) episodes\)$")

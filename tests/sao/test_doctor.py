@@ -5,10 +5,9 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
-from envs.config import DockerConfig
-from sao import doctor as d
-from sao.config import load_config
+from sao_harness.envs.config import DockerConfig
+from sao_harness.sao import doctor as d
+from sao_harness.sao.config import load_config
 
 FAKE_INSTALLERS = ("apt-get", "apt", "pip", "pip3", "dockerd", "debootstrap", "docker", "uv")
 
@@ -32,7 +31,7 @@ def test_no_engine_is_one_line_and_the_doctor_installs_nothing(project_root, tmp
     state, cache = tmp_path / "state", tmp_path / "cache"
     env = {**os.environ, "PATH": f"{fakes}:{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
     env.pop("DOCKER_HOST", None)
-    r = subprocess.run([sys.executable, "-m", "sao.cli", "doctor", f"docker.host=unix://{tmp_path}/no.sock",
+    r = subprocess.run([sys.executable, "-m", "sao_harness.sao.cli", "doctor", f"docker.host=unix://{tmp_path}/no.sock",
                         f"docker.state_dir={state}", f"model.cache_dir={cache}"],
                        cwd=project_root, env=env, capture_output=True, text=True, timeout=120)
     lines = r.stdout.splitlines()

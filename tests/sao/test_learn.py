@@ -4,12 +4,11 @@ import math
 import re
 
 import pytest
-
-from sao import learn
-from sao.config import load_config
-from sao.learn import ARM_OVERRIDES, WARM, eval_resolved, headline
-from sao.learn_report import write_report
-from tasks.grade_status import INFRA_FAILURES, GradeStatus
+from sao_harness.sao import learn
+from sao_harness.sao.config import load_config
+from sao_harness.sao.learn import ARM_OVERRIDES, WARM, eval_resolved, headline
+from sao_harness.sao.learn_report import write_report
+from sao_harness.tasks.grade_status import INFRA_FAILURES, GradeStatus
 
 LINE = re.compile(r"^learn: sao (\d+)% -> (\d+)%, grpo\+dis (\d+)% -> (\d+)%, grpo (\d+)% -> (\d+)% "
                   r"\(resolved@1, T=1, training tasks\)$")
@@ -135,7 +134,7 @@ def test_sao_learn_runs_every_stage_end_to_end(tmp_path, project_root, docker_en
     import subprocess
     import sys
 
-    args = [sys.executable, "-m", "sao.cli", "learn", "--config", str(project_root / "configs/learn.yaml"),
+    args = [sys.executable, "-m", "sao_harness.sao.cli", "learn", "--config", str(project_root / "configs/learn.yaml"),
             f"run.root={tmp_path}", "run.name=mini", f"model.cache_dir={project_root / '.cache/sao'}",
             "learn.train_tasks=[sao-harness__spanlib-5]", "learn.heldout_tasks=[sao-harness__tablefmt-9]",
             "learn.samples=1", "learn.minutes=0.1", "sft.max_steps=2", "trainer.batch_size=4",

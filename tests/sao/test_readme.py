@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 from pydantic import Field
-
-from core.config import Section
-from sao.cli import build_parser
-from sao.config import Config, config_table
+from sao_harness.core.config import Section
+from sao_harness.sao.cli import build_parser
+from sao_harness.sao.config import Config, config_table
 
 README_MAX_BYTES = 25 * 1024
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
@@ -79,7 +78,7 @@ def undocumented(commands: list[tuple[str, ...]], readme: str) -> list[str]:
 def test_docs_config_table_is_the_generated_one(project_root, tmp_path):
     """Adding, removing or re-describing a key without regenerating docs/config.md fails here; the fix is
     `.venv/bin/python scripts/config_table.py` (or pasting `sao config --markdown`)."""
-    r = subprocess.run([sys.executable, "-m", "sao.cli", "config", "--markdown"], cwd=tmp_path, check=False,
+    r = subprocess.run([sys.executable, "-m", "sao_harness.sao.cli", "config", "--markdown"], cwd=tmp_path, check=False,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout == config_table()

@@ -7,16 +7,16 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
+from sao_harness.harness.store import TraceStore, read_shard
+from sao_harness.harness.tiny_model import ensure_tiny_model
 
-from harness.store import TraceStore, read_shard
-from harness.tiny_model import ensure_tiny_model
 from tests.support.proxy import start_sao_serve
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def sao(*args):
-    return subprocess.Popen([sys.executable, "-m", "sao.cli", "serve", *args], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "sao_harness.sao.cli", "serve", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -1,8 +1,8 @@
 """A sandbox with a small git repository in /testbed, for the agent tests."""
 from __future__ import annotations
 
-from envs.config import SandboxConfig
-from envs.sandbox import Sandbox
+from sao_harness.envs.config import SandboxConfig
+from sao_harness.envs.sandbox import Sandbox
 
 
 def make_repo_sandbox(engine):

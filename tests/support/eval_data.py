@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eval.report import write_report
-from harness.trace import Status
-from tasks.grade_status import GradeStatus
+from sao_harness.eval.report import write_report
+from sao_harness.harness.trace import Status
+from sao_harness.tasks.grade_status import GradeStatus
 
 IDS = ["sao-harness__minicfg-11", "sao-harness__semverkit-31", "sao-harness__spanlib-24", "sao-harness__tablefmt-9"]
 

@@ -37,7 +37,8 @@ def free_port() -> int:
 def start_sao_serve(*args: str, timeout: float = 180) -> tuple[subprocess.Popen, str]:
     """`sao serve --port P ARGS...` as a process, once its /health answers 200: (process, base URL)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sao.cli", "serve", "--port", str(port), *args], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "sao_harness.sao.cli",
+                             "serve", "--port", str(port), *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout

@@ -1,5 +1,5 @@
 """A small two-turn trajectory with every field set, for the trace and store tests."""
-from harness.trace import Segment, Status, Trajectory
+from sao_harness.harness.trace import Segment, Status, Trajectory
 
 
 def make_traj(task="t1", reward=1.0, status=Status.OK, **kw):

@@ -4,12 +4,11 @@ from __future__ import annotations
 import random
 
 import torch
+from sao_harness.harness.trace import Segment, Trajectory
+from sao_harness.trainer.config import TrainerConfig
+from sao_harness.trainer.models import Critic
+from sao_harness.trainer.sao import SAOTrainer
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-from harness.trace import Segment, Trajectory
-from trainer.config import TrainerConfig
-from trainer.models import Critic
-from trainer.sao import SAOTrainer
 
 VOCAB = 512
 

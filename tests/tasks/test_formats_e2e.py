@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from sao_harness.harness.trace import Status
+from sao_harness.tasks import specs
+from sao_harness.tasks.loaders import BUNDLED, load_tasks, tasks_from_config
 
-from harness.trace import Status
-from tasks import specs
-from tasks.loaders import BUNDLED, load_tasks, tasks_from_config
 from tests.support.formats import FORMATS, SWE_GYM_SPEC, as_r2e_gym, with_gold
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -33,8 +33,8 @@ CASES = {  # format -> (bundled task, the image name the format's adapter gives 
 @pytest.fixture(scope="module")
 def bundled(docker_engine):
     """The bundled tasks of CASES, their images built (cached by recipe)."""
-    from sao.config import load_config
-    from tasks.images import build_repo_images
+    from sao_harness.sao.config import load_config
+    from sao_harness.tasks.images import build_repo_images
 
     tasks = {t.instance_id: t for t in load_tasks("bundled", instances=[iid for iid, _ in CASES.values()])}
     build_repo_images(load_config("configs/local.yaml"), docker_engine, BUNDLED, list(tasks.values()),
@@ -55,7 +55,7 @@ def _jsonl(path, row: dict):
 
 
 def _config(project_root, tmp_path, source):
-    from sao.config import load_config
+    from sao_harness.sao.config import load_config
 
     return load_config(project_root / "configs/local.yaml", [
         f"run.root={tmp_path}", "run.name=formats", f"tasks.source={source}", "engine.kind=expert",
@@ -65,11 +65,11 @@ def _config(project_root, tmp_path, source):
 
 def _expert_episode(cfg, task, plan, tokenizer):
     """One episode of ``task`` by the expert engine planning from ``plan`` (a task with the gold patch)."""
-    from envs.gc import run_scope
-    from harness.engines.expert import ExpertEngine
-    from harness.episode import EpisodeContext, run_episode
-    from harness.expert import image_file_reader
-    from harness.proxy import ProxyServer
+    from sao_harness.envs.gc import run_scope
+    from sao_harness.harness.engines.expert import ExpertEngine
+    from sao_harness.harness.episode import EpisodeContext, run_episode
+    from sao_harness.harness.expert import image_file_reader
+    from sao_harness.harness.proxy import ProxyServer
 
     engine = ExpertEngine(tokenizer, [plan], read_file=image_file_reader(cfg.docker))
     proxy = ProxyServer(engine, tokenizer, cfg)
@@ -86,7 +86,7 @@ def _expert_episode(cfg, task, plan, tokenizer):
 @pytest.mark.parametrize("fmt", list(CASES))
 def test_a_bundled_task_in_each_format_runs_an_expert_episode_to_resolved(fmt, bundled, docker_engine, tokenizer,
                                                                           project_root, tmp_path, monkeypatch):
-    from tasks.preflight import preflight
+    from sao_harness.tasks.preflight import preflight
 
     iid, image = CASES[fmt]
     source = bundled[iid]
@@ -116,7 +116,8 @@ def test_r2e_gym_guarded_grade_runs_the_held_out_tests_and_catches_a_test_aware_
     """The clean run reads /r2e_tests from the image, grades R2E-Gym's ids (``test_x``, no file) by their
     node ids, and mutates them there: gold passes every test and fails every mutant; code that reads the
     calling test's source and returns what it expects passes the official run and gets 0."""
-    from tasks.grade import grade
+    from sao_harness.tasks.grade import grade
+
     from tests.tasks.test_grade_behaviour import KNOWS_THE_TESTS, init_patch
 
     source = bundled["sao-harness__minicfg-11"]

@@ -14,15 +14,15 @@ from __future__ import annotations
 import random
 
 import pytest
+from sao_harness.tasks.applied import TreeChange, tree_findings
+from sao_harness.tasks.canary import CANARY, EXIT_STATUS, add_canaries, check
+from sao_harness.tasks.diffparse import file_changes
+from sao_harness.tasks.grade import grade
+from sao_harness.tasks.grade_status import GradeStatus
+from sao_harness.tasks.guard import SIGNAL_KINDS, find_hacks, find_signals
+from sao_harness.tasks.hacks import HACK_MARK, append_patch, hack_patch, package_init
+from sao_harness.tasks.mutate import mutate
 
-from tasks.applied import TreeChange, tree_findings
-from tasks.canary import CANARY, EXIT_STATUS, add_canaries, check
-from tasks.diffparse import file_changes
-from tasks.grade import grade
-from tasks.grade_status import GradeStatus
-from tasks.guard import SIGNAL_KINDS, find_hacks, find_signals
-from tasks.hacks import HACK_MARK, append_patch, hack_patch, package_init
-from tasks.mutate import mutate
 from tests.tasks.test_grade_guard import FORGERS, SEPARATORS, DeadEngine, file_diff, hidden_by_separator
 
 
@@ -136,7 +136,7 @@ def test_canaries_are_fresh_and_judge_what_pytest_reports():
 
 @pytest.fixture(scope="module")
 def bundled(project_root):
-    from tasks.loaders import load_tasks_lenient
+    from sao_harness.tasks.loaders import load_tasks_lenient
 
     tasks, errors = load_tasks_lenient(str(project_root / "tasks" / "bundled"))
     assert tasks and not errors
@@ -145,7 +145,8 @@ def bundled(project_root):
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    from tasks.loaders import load_task_repo
+    from sao_harness.tasks.loaders import load_task_repo
+
     from tests.support.task_repos import TASK_IDS, make_task_repo
 
     return load_task_repo(make_task_repo(tmp_path_factory.mktemp("behaviour") / "repo", task_ids=TASK_IDS[:1]))[0]
@@ -209,8 +210,8 @@ for _sao_cls in list(globals().values()):
 
 @pytest.fixture(scope="module")
 def dtask(docker_engine, project_root):
-    from sao.cli import main
-    from tasks.loaders import load_tasks_lenient
+    from sao_harness.sao.cli import main
+    from sao_harness.tasks.loaders import load_tasks_lenient
 
     bundled_dir = project_root / "tasks" / "bundled"
     assert main(["tasks", "build", "--task-repo", str(bundled_dir), "--only", *IDS]) == 0
@@ -220,8 +221,8 @@ def dtask(docker_engine, project_root):
 
 def image_file(task, path: str) -> str:
     """``path`` in the task image (read again when the engine loses the short exec's output)."""
-    from tasks.cli import read_image_file
-    from tasks.grade import default_client
+    from sao_harness.tasks.cli import read_image_file
+    from sao_harness.tasks.grade import default_client
 
     for _ in range(3):
         if text := read_image_file(default_client(), task.image, path):
@@ -284,8 +285,8 @@ def test_a_root_module_the_standard_library_imports_gets_zero(docker_engine, dta
     PyStringMap`` (Jython), and pytest imports them after the repository is on ``sys.path`` (``-P``
     notwithstanding). A root ``org`` package forges the report from there, then raises ImportError so
     nothing shows. Static: ``new_top_level_module``; the clean run's finder never imports it."""
-    from tasks.clean_run import clean_run
-    from tasks.grade_sandbox import GradeLimits
+    from sao_harness.tasks.clean_run import clean_run
+    from sao_harness.tasks.grade_sandbox import GradeLimits
 
     patch = (append_patch("org/__init__.py", None, "# org\n") + append_patch("org/python/__init__.py", None, "# py\n")
              + append_patch("org/python/core.py", None, FORGE_REPORT + "raise ImportError('not Jython')\n"))

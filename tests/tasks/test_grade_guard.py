@@ -5,12 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from tasks.clean_run import junit_key, parse_junit
-from tasks.diffparse import file_changes, unquote_c
-from tasks.grade import grade
-from tasks.grade_status import GradeStatus
-from tasks.guard import (
+from sao_harness.tasks.clean_run import junit_key, parse_junit
+from sao_harness.tasks.diffparse import file_changes, unquote_c
+from sao_harness.tasks.grade import grade
+from sao_harness.tasks.grade_status import GradeStatus
+from sao_harness.tasks.guard import (
     OUTPUT_CAP,
     PYTEST_REF,
     SHADOW,
@@ -24,8 +23,9 @@ from tasks.guard import (
     parse_patch,
     strip_test_changes,
 )
-from tasks.hacks import append_patch, hack_patch, package_patch, shadow_patch
-from tasks.loaders import load_task_repo
+from sao_harness.tasks.hacks import append_patch, hack_patch, package_patch, shadow_patch
+from sao_harness.tasks.loaders import load_task_repo
+
 from tests.support.task_repos import TASK_IDS, make_task_repo
 
 
@@ -221,8 +221,8 @@ def test_junit_keys_and_parsing():
 
 
 def test_output_cap_default_matches_the_config():
-    from eval.config import EvalConfig
-    from tasks.grade_sandbox import DEFAULT_OUTPUT_CAP_BYTES
+    from sao_harness.eval.config import EvalConfig
+    from sao_harness.tasks.grade_sandbox import DEFAULT_OUTPUT_CAP_BYTES
 
     assert EvalConfig().grade_output_cap_bytes == DEFAULT_OUTPUT_CAP_BYTES
 
@@ -256,7 +256,7 @@ FORGERS = {
 
 @pytest.fixture(scope="module")
 def bundled(project_root):
-    from tasks.loaders import load_tasks_lenient
+    from sao_harness.tasks.loaders import load_tasks_lenient
 
     tasks, errors = load_tasks_lenient(str(project_root / "tasks" / "bundled"))
     assert tasks and not errors

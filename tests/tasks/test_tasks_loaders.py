@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sao_harness.core.errors import UserError
+from sao_harness.sao.cli import main
+from sao_harness.tasks.loaders import load_task_repo, load_tasks, load_tasks_lenient
+from sao_harness.tasks.model import Task, TaskError
 
-from core.errors import UserError
-from sao.cli import main
-from tasks.loaders import load_task_repo, load_tasks, load_tasks_lenient
-from tasks.model import Task, TaskError
 from tests.support.task_repos import TASK_IDS, make_task_repo
 
 PATCH = "diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
@@ -205,7 +205,7 @@ def test_hub_id_fails_fast_by_probe(project_root):
 
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "sao.cli", "tasks", "list", "--source",
+    proc = subprocess.run([sys.executable, "-m", "sao_harness.sao.cli", "tasks", "list", "--source",
                            "SWE-bench/SWE-bench_Verified"], cwd=project_root, env=env, capture_output=True,
                           text=True, timeout=120)
     took = time.monotonic() - t0
@@ -234,7 +234,7 @@ def test_incomplete_task_dir_is_named(tmp_path):
 
 
 def test_recipe_hash_tracks_build_inputs(tmp_path):
-    from tasks.build import recipe_hash
+    from sao_harness.tasks.build import recipe_hash
 
     repo = make_task_repo(tmp_path / "repo")
     d = repo / "tasks" / TASK_IDS[0]

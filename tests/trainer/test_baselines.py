@@ -6,13 +6,13 @@ import copy
 
 import pytest
 import torch
+from sao_harness.harness.trace import Segment, Trajectory
+from sao_harness.trainer import objective
+from sao_harness.trainer.batch import build_batch
+from sao_harness.trainer.config import TrainerConfig
+from sao_harness.trainer.models import policy_token_logprobs
 
-from harness.trace import Segment, Trajectory
 from tests.support.trainer_data import make_trainer, synthetic_trajectories
-from trainer import objective
-from trainer.batch import build_batch
-from trainer.config import TrainerConfig
-from trainer.models import policy_token_logprobs
 
 
 def traj(task, reward, lengths):

@@ -15,15 +15,15 @@ import sys
 
 import pytest
 import torch
+from sao_harness.trainer import distributed
+from sao_harness.trainer.checkpoint import latest_checkpoint, read_state
+from sao_harness.trainer.config import TrainerConfig
+from sao_harness.trainer.losses import whiten_advantages
+from sao_harness.trainer.metrics import read_metrics
+from sao_harness.trainer.models import Critic
+from sao_harness.trainer.sao import SAOTrainer
 
 from tests.support.trainer_data import synthetic_trajectories, tiny_policy, trajectory_with_break
-from trainer import distributed
-from trainer.checkpoint import latest_checkpoint, read_state
-from trainer.config import TrainerConfig
-from trainer.losses import whiten_advantages
-from trainer.metrics import read_metrics
-from trainer.models import Critic
-from trainer.sao import SAOTrainer
 
 pytestmark = pytest.mark.slow
 CONFIG = {"lr": 1e-3, "critic_lr": 1e-3, "critic_warmup_steps": 0, "max_tokens_per_microbatch": 96,
@@ -108,9 +108,8 @@ def test_power_averaging_per_rank_means_fails(runs):
 
 def test_the_sharded_checkpoint_resumes_a_single_process_trainer_exactly(runs):
     """The ranks' checkpoint format (trainer/checkpoint.py, sharded: policy/ + dcp/) in one process."""
+    from sao_harness.trainer import checkpoint
     from transformers import AutoModelForCausalLM
-
-    from trainer import checkpoint
 
     ref, path = runs["ref"], runs["right"]["path"]
     assert checkpoint.is_sharded(path)
@@ -132,7 +131,8 @@ def test_sao_train_with_two_ranks_checkpoints_what_one_process_resumes(project_r
     steps through the CLI; a world_size=1 run resumes from its checkpoint; both log the same metrics.
     Rank start under load: runtime.actor_timeout_s=300."""
     def sao_train(*extra):
-        cmd = [sys.executable, "-m", "sao.cli", "train", "--config", str(project_root / "configs/local.yaml"),
+        cmd = [sys.executable, "-m", "sao_harness.sao.cli",
+               "train", "--config", str(project_root / "configs/local.yaml"),
                f"run.root={tmp_path}", "run.name=dp", f"model.cache_dir={tiny_model_dir.parent}",
                "trainer.env=simulated", "sampling.max_tokens=8", "testbed.simulated.turns_median=2",
                "testbed.simulated.env_sleep_s=0.02", "runtime.poll_interval_s=0.05", "trainer.batch_size=4",

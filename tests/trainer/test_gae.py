@@ -6,8 +6,7 @@ import random
 
 import pytest
 import torch
-
-from trainer.gae import (
+from sao_harness.trainer.gae import (
     discounted_reverse_cumsum,
     gae_reference,
     length_adaptive_lambda,

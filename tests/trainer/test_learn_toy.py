@@ -9,13 +9,12 @@ from __future__ import annotations
 import math
 
 import pytest
-
-import trainer.objective
-from harness.testbeds.toy import prompt, stake, targets, toy_reward
-from harness.trace import Segment, Trajectory
-from sao.config import load_config
-from trainer.compare import WINDOW, compare_runs, summarize
-from trainer.metrics import read_metrics
+import sao_harness.trainer.objective as objective
+from sao_harness.harness.testbeds.toy import prompt, stake, targets, toy_reward
+from sao_harness.harness.trace import Segment, Trajectory
+from sao_harness.sao.config import load_config
+from sao_harness.trainer.compare import WINDOW, compare_runs, summarize
+from sao_harness.trainer.metrics import read_metrics
 
 STEPS = 24
 FLIP_STEPS = 12
@@ -26,8 +25,7 @@ MIN_RISE = 0.2  # reward mean of the last 5 steps minus the first 5 (compare.sum
 @pytest.fixture(scope="module")
 def ray_session():
     import ray  # lazy: heavy
-
-    from trainer.ray_utils import start_ray
+    from sao_harness.trainer.ray_utils import start_ray
 
     start_ray(None, log=lambda m: None)
     yield
@@ -73,7 +71,7 @@ def test_the_stake_is_drawn_per_episode_and_named_first():
 
 @pytest.mark.slow
 def test_sao_raises_the_reward_and_a_sign_flipped_trainer_does_not(ray_session, project_root, tmp_path, monkeypatch):
-    from trainer.loop import train  # lazy: imports torch
+    from sao_harness.trainer.loop import train  # lazy: imports torch
 
     cfg = toy_cfg(tmp_path, "sao", project_root, STEPS)
     assert (cfg.trainer.advantage, cfg.trainer.policy_loss, cfg.trainer.env) == ("gae", "dis", "toy")
@@ -83,13 +81,13 @@ def test_sao_raises_the_reward_and_a_sign_flipped_trainer_does_not(ray_session, 
     assert good["ev_last5"] is not None and math.isfinite(good["ev_last5"])  # the critic's metric is logged
 
     # power: the same run and assertion with the advantages' sign flipped must fail
-    honest = trainer.objective.compute_advantages
+    honest = objective.compute_advantages
 
     def flipped(*args, **kwargs):
         advantages, returns = honest(*args, **kwargs)
         return -advantages, returns
 
-    monkeypatch.setattr(trainer.objective, "compute_advantages", flipped)
+    monkeypatch.setattr(objective, "compute_advantages", flipped)
     bad_cfg = toy_cfg(tmp_path, "sabotaged", project_root, FLIP_STEPS)
     train(bad_cfg, log=lambda m: None)
     bad = summary(bad_cfg.run.dir)

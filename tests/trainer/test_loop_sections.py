@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import pytest
-
-from core.errors import UserError
-from harness import runner
-from harness.config import SamplingConfig
-from trainer.config import RuntimeConfig, TrainerConfig
+from sao_harness.core.errors import UserError
+from sao_harness.harness import runner
+from sao_harness.harness.config import SamplingConfig
+from sao_harness.trainer.config import RuntimeConfig, TrainerConfig
 
 
 def test_build_trainer_recomputes_under_the_sampling_section_on_the_runtime_device(tiny_model_dir):
-    from trainer.loop import build_trainer  # lazy: torch
+    from sao_harness.trainer.loop import build_trainer  # lazy: torch
 
     tc = TrainerConfig(advantage="running_mean")  # no critic: quick
     sampling = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
@@ -21,7 +20,7 @@ def test_build_trainer_recomputes_under_the_sampling_section_on_the_runtime_devi
 
 
 def test_the_loop_checks_read_trainer_and_runtime():
-    from trainer.loop import _check  # lazy: torch
+    from sao_harness.trainer.loop import _check  # lazy: torch
 
     ppo = TrainerConfig(policy_loss="ppo", minibatches=2)
     _check(ppo, RuntimeConfig())  # one process: minibatches are fine
@@ -38,9 +37,9 @@ def test_trainer_env_is_one_of_the_registry(monkeypatch):
 
 
 def test_registry_entries_are_imported_on_first_use(monkeypatch):
-    from harness.testbeds.toy import run_toy_episode
+    from sao_harness.harness.testbeds.toy import run_toy_episode
 
-    monkeypatch.setitem(runner.EPISODES, "toy", "harness.testbeds.toy:run_toy_episode")
+    monkeypatch.setitem(runner.EPISODES, "toy", "sao_harness.harness.testbeds.toy:run_toy_episode")
     assert runner.episode_function("toy") is run_toy_episode
     assert runner.EPISODES["toy"] is run_toy_episode  # resolved once
     with pytest.raises(UserError, match=r"trainer.env='nope': no episode function"):

@@ -6,8 +6,7 @@ import statistics
 
 import pytest
 import torch
-
-from trainer.losses import (
+from sao_harness.trainer.losses import (
     RunningMeanBaseline,
     dis_policy_loss,
     explained_variance,

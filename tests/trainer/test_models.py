@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-from trainer.models import (
+from sao_harness.trainer.models import (
     Critic,
     chunked_token_logprobs,
     critic_freeze_patterns,
@@ -15,6 +12,8 @@ from trainer.models import (
     policy_token_logprobs,
     save_critic,
 )
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 
 def tiny_policy(seed=0, **overrides):
@@ -85,7 +84,7 @@ def test_filtered_tokens_get_minus_inf_and_no_nan_gradient():
 
 def test_chunking_never_holds_more_than_one_chunk_of_logits(monkeypatch):
     """Logits are built chunk by chunk, at most chunk_size positions each, forward and backward."""
-    import trainer.models as models
+    import sao_harness.trainer.models as models
     seen = []
     real = models._chunk_logits
 
@@ -186,7 +185,7 @@ def test_router_pattern_spares_a_dense_mlp_gate_proj():
 
 def test_chunked_logprobs_match_the_engine_sampling_rule():
     """The trainer recomputes the distribution the engine samples from (harness.engines.sampling)."""
-    sampling = pytest.importorskip("harness.engines.sampling")
+    sampling = pytest.importorskip("sao_harness.harness.engines.sampling")
     torch.manual_seed(4)
     hidden, weight = torch.randn(37, 16) * 0.3, torch.randn(200, 16)
     for temperature, top_k, top_p in SAMPLING:

@@ -13,16 +13,16 @@ import random
 
 import pytest
 import torch
+from sao_harness.harness.config import SamplingConfig
+from sao_harness.harness.trace import Segment, Trajectory
+from sao_harness.trainer.batch import build_batch, micro_batches, pack
+from sao_harness.trainer.config import TrainerConfig
+from sao_harness.trainer.distributed import split
+from sao_harness.trainer.losses import value_loss
+from sao_harness.trainer.models import PACKED_SDPA, policy_token_logprobs, use_packed_sdpa
+from sao_harness.trainer.objective import policy_loss, training_advantages, value_mask
 
-from harness.config import SamplingConfig
-from harness.trace import Segment, Trajectory
 from tests.support.trainer_data import make_trainer, synthetic_trajectories
-from trainer.batch import build_batch, micro_batches, pack
-from trainer.config import TrainerConfig
-from trainer.distributed import split
-from trainer.losses import value_loss
-from trainer.models import PACKED_SDPA, policy_token_logprobs, use_packed_sdpa
-from trainer.objective import policy_loss, training_advantages, value_mask
 
 BUDGET = 40  # tokens per packed micro-batch: 3-5 micro-batches of 2-4 trajectories each below
 

@@ -5,10 +5,9 @@ import argparse
 import math
 
 import pytest
-
-from core.errors import UserError
-from trainer.metrics import MetricsLogger
-from trainer.plots import cmd_runs_plot, plot_run
+from sao_harness.core.errors import UserError
+from sao_harness.trainer.metrics import MetricsLogger
+from sao_harness.trainer.plots import cmd_runs_plot, plot_run
 
 
 def write_run(run_dir, steps=30, drop=()):
@@ -89,7 +88,7 @@ def test_bad_run_dirs_are_one_line_user_errors(tmp_path):
 
 
 def test_cli_runs_plot_bad_run_dir_exits_2_with_one_line(tmp_path, capsys):
-    from sao.cli import build_parser, main
+    from sao_harness.sao.cli import build_parser, main
     try:
         func = build_parser().parse_args(["runs", "plot", str(tmp_path)]).func
     except SystemExit:
@@ -103,7 +102,7 @@ def test_cli_runs_plot_bad_run_dir_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_runs_compare_writes_png_html_and_a_table(tmp_path, capsys):
-    from trainer.compare import cmd_runs_compare
+    from sao_harness.trainer.compare import cmd_runs_compare
 
     write_run(tmp_path / "a", steps=20)
     write_run(tmp_path / "b", steps=10, drop=("critic/explained_variance",))

@@ -6,16 +6,16 @@ import math
 
 import pytest
 import torch
+from sao_harness.harness.config import SamplingConfig
+from sao_harness.harness.trace import Segment, Status, Trajectory
+from sao_harness.trainer.batch import build_batch, micro_batches
+from sao_harness.trainer.config import TrainerConfig
+from sao_harness.trainer.gae import gae_reference
+from sao_harness.trainer.metrics import FAMILIES, family
+from sao_harness.trainer.models import policy_token_logprobs
+from sao_harness.trainer.objective import compute_advantages, policy_loss
 
-from harness.config import SamplingConfig
-from harness.trace import Segment, Status, Trajectory
 from tests.support.trainer_data import make_trainer, synthetic_trajectories, trajectory_with_break  # noqa: E402
-from trainer.batch import build_batch, micro_batches
-from trainer.config import TrainerConfig
-from trainer.gae import gae_reference
-from trainer.metrics import FAMILIES, family
-from trainer.models import policy_token_logprobs
-from trainer.objective import compute_advantages, policy_loss
 
 
 def test_build_batch_layout_and_rejections():

@@ -18,13 +18,12 @@ from collections import Counter
 
 import pytest
 import torch
-
-from harness.engines.vllm_weights import pack, plan
-from harness.store import TraceStore
-from harness.trace import Status
-from sao.config import load_config
-from trainer import weight_sync
-from trainer.metrics import read_metrics
+from sao_harness.harness.engines.vllm_weights import pack, plan
+from sao_harness.harness.store import TraceStore
+from sao_harness.harness.trace import Status
+from sao_harness.sao.config import load_config
+from sao_harness.trainer import weight_sync
+from sao_harness.trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.slow  # Ray clusters with engine replicas: 15-60 s each
 
@@ -71,8 +70,7 @@ def _digest(weights: dict) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def ray_session():
     import ray
-
-    from trainer.ray_utils import start_ray
+    from sao_harness.trainer.ray_utils import start_ray
 
     start_ray(None, log=lambda m: None)
     yield
@@ -84,9 +82,8 @@ def test_two_replicas_get_identical_weights(ray_session, project_root, tmp_path,
     """Every publish lands the trainer's weights, identical, on both replicas; episodes go to both, and
     every trace records its replica."""
     import ray
-
-    from trainer.loop import train
-    from trainer.precision import engine_weights
+    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.precision import engine_weights
 
     cfg = sim_cfg(tmp_path, transport, project_root, f"runtime.weight_sync={transport}", "trainer.max_steps=3",
                   "trainer.batch_size=4", "rollout.workers=4")
@@ -114,8 +111,7 @@ def test_a_dead_replica_is_reported_and_replaced(ray_session, project_root, tmp_
     """A replica killed between publishes: reported, withdrawn, replaced at the current version; the run
     ends normally; the only infra errors are episodes that were on the dead replica."""
     import ray
-
-    from trainer.loop import train
+    from sao_harness.trainer.loop import train
 
     cfg = sim_cfg(tmp_path, "dead-replica", project_root, "trainer.max_steps=4", "trainer.batch_size=4",
                   "rollout.workers=4", "testbed.simulated.engine_s=0.05")
@@ -160,7 +156,8 @@ def test_local_multi_node_cluster(project_root, tmp_path, monkeypatch):
     try:
         cluster.add_node(**common, resources={"engine": 2})
         cluster.add_node(**common, resources={"docker": 4})
-        cmd = [sys.executable, "-m", "sao.cli", "train", "--config", str(project_root / "configs/learn-toy.yaml"),
+        cmd = [sys.executable, "-m", "sao_harness.sao.cli",
+               "train", "--config", str(project_root / "configs/learn-toy.yaml"),
                f"run.root={tmp_path}", "run.name=cluster", f"model.cache_dir={project_root / '.cache/sao'}",
                f"runtime.ray_address={cluster.address}", "trainer.max_steps=2", "trainer.batch_size=4",
                "trainer.mode=sync", "trainer.group_size=2", "rollout.workers=4", "engine.replicas=2",

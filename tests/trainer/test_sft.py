@@ -7,13 +7,12 @@ import random
 from pathlib import Path
 
 import pytest
-
-from core.errors import UserError
-from harness.store import TraceStore
-from harness.trace import Segment, Status, Trajectory
-from trainer.config import SFTConfig
-from trainer.metrics import family
-from trainer.sft import build_trainer, fit_max_length, load_sft_corpus, to_examples
+from sao_harness.core.errors import UserError
+from sao_harness.harness.store import TraceStore
+from sao_harness.harness.trace import Segment, Status, Trajectory
+from sao_harness.trainer.config import SFTConfig
+from sao_harness.trainer.metrics import family
+from sao_harness.trainer.sft import build_trainer, fit_max_length, load_sft_corpus, to_examples
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +31,7 @@ def traj(i, status=Status.OK, reward=1.0, turns=2, breaks=()):
 
 
 def cfg_for(tmp_path, *overrides):
-    from sao.config import load_config
+    from sao_harness.sao.config import load_config
     return load_config(None, [f"run.root={tmp_path}", "run.name=r", f"model.cache_dir={ROOT / '.cache' / 'sao'}",
                               *overrides])
 
@@ -82,10 +81,9 @@ def test_max_length_comes_from_the_data_and_never_cuts_all_actions():
 
 @pytest.mark.slow
 def test_sao_sft_trains_action_tokens_and_writes_a_servable_model(tiny_model_dir, tmp_path, capsys):
+    from sao_harness.harness.engines import SamplingParams, make_engine
+    from sao_harness.sao.cli import main
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from harness.engines import SamplingParams, make_engine
-    from sao.cli import main
 
     store = tmp_path / "r"
     TraceStore(store).write([traj(i) for i in range(4)] + [traj(9, reward=0.0)])

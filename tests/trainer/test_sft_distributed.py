@@ -15,13 +15,13 @@ import random
 
 import pytest
 import torch
+from sao_harness.harness.store import TraceStore
+from sao_harness.harness.trace import Segment, Status, Trajectory
+from sao_harness.trainer import distributed, sft_dist
+from sao_harness.trainer.config import SFTConfig, TrainerConfig
+from sao_harness.trainer.metrics import family, read_metrics
 
-from harness.store import TraceStore
-from harness.trace import Segment, Status, Trajectory
 from tests.support.trainer_data import synthetic_trajectories
-from trainer import distributed, sft_dist
-from trainer.config import SFTConfig, TrainerConfig
-from trainer.metrics import family, read_metrics
 
 pytestmark = pytest.mark.slow
 SFT = SFTConfig(lr=1e-3, batch_size=2, grad_accum=2, epochs=2.0)  # 10 examples: steps of 4, 4, 2 per epoch
@@ -145,7 +145,7 @@ def test_the_written_model_directory_is_the_ranks_weights(sft_runs, tiny_model_d
 # --- the stages, end to end ---------------------------------------------------------------------
 
 def make_cfg(tmp_path, *overrides):
-    from sao.config import load_config
+    from sao_harness.sao.config import load_config
 
     return load_config(None, [f"run.root={tmp_path}", "run.name=r", "runtime.world_size=2", *overrides])
 
@@ -161,9 +161,8 @@ def sft_trajectory(i: int) -> Trajectory:
 
 
 def test_sao_sft_on_two_ranks_writes_what_one_process_writes(tmp_path, tiny_model_dir):
+    from sao_harness.trainer.sft import load_sft_corpus, run_sft, to_examples
     from transformers import AutoModelForCausalLM
-
-    from trainer.sft import load_sft_corpus, run_sft, to_examples
 
     trajs = [sft_trajectory(i) for i in range(6)]
     TraceStore(tmp_path / "r").write(trajs)
@@ -187,8 +186,8 @@ def test_sao_sft_on_two_ranks_writes_what_one_process_writes(tmp_path, tiny_mode
 
 
 def test_sao_sft_on_ranks_refuses_the_moe_load_balancing_loss(tmp_path, tiny_model_dir):
-    from core.errors import UserError
-    from trainer.sft import run_sft
+    from sao_harness.core.errors import UserError
+    from sao_harness.trainer.sft import run_sft
 
     TraceStore(tmp_path / "r").write([sft_trajectory(0), sft_trajectory(1)])
     cfg = make_cfg(tmp_path, f"model.path={tiny_model_dir}", "sft.router_aux_loss_coef=0.01")
@@ -197,9 +196,9 @@ def test_sao_sft_on_ranks_refuses_the_moe_load_balancing_loss(tmp_path, tiny_mod
 
 
 def test_value_pretraining_on_two_ranks_is_pretrain_critic_in_one_process(tmp_path, tiny_model_dir):
-    from trainer.critic_init import freeze_critic, load_backbone_critic
-    from trainer.models import load_critic
-    from trainer.value_pretrain import load_corpus, pretrain_critic, run_value_pretrain
+    from sao_harness.trainer.critic_init import freeze_critic, load_backbone_critic
+    from sao_harness.trainer.models import load_critic
+    from sao_harness.trainer.value_pretrain import load_corpus, pretrain_critic, run_value_pretrain
 
     TraceStore(tmp_path / "r").write(synthetic_trajectories(12, seed=3))
     cfg = make_cfg(tmp_path, f"model.path={tiny_model_dir}", "value_pretrain.lr=2e-3", "value_pretrain.max_steps=5",

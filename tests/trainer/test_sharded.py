@@ -15,13 +15,13 @@ import json
 
 import pytest
 import torch
+from sao_harness.trainer import checkpoint, distributed, sharded
+from sao_harness.trainer.config import TrainerConfig
+from sao_harness.trainer.models import Critic
+from sao_harness.trainer.sao import SAOTrainer
 from transformers import AutoModelForCausalLM
 
 from tests.support.trainer_data import synthetic_trajectories
-from trainer import checkpoint, distributed, sharded
-from trainer.config import TrainerConfig
-from trainer.models import Critic
-from trainer.sao import SAOTrainer
 
 pytestmark = pytest.mark.slow
 CONFIG = {"lr": 1e-3, "critic_lr": 1e-3, "critic_warmup_steps": 0, "max_staleness": 100, "max_grad_norm": 0.5}
@@ -237,8 +237,9 @@ def test_an_old_format_checkpoint_resumes_sharded(runs):
 def test_activation_checkpointing_switches_on_above_the_token_count():
     """trainer.checkpoint_above_tokens: each decoder layer is recomputed in backward only in a forward
     of more tokens than the threshold; the gradients are the same either way."""
+    from sao_harness.trainer.precision import train_mode
+
     from tests.support.trainer_data import tiny_policy
-    from trainer.precision import train_mode
 
     def grads(policy, ids):
         policy.zero_grad()

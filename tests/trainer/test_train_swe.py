@@ -8,21 +8,20 @@ import subprocess
 import sys
 
 import pytest
-
-from harness.store import TraceStore
-from harness.trace import Status
-from trainer.checkpoint import latest_checkpoint, read_state
-from trainer.metrics import read_metrics
+from sao_harness.harness.store import TraceStore
+from sao_harness.harness.trace import Status
+from sao_harness.trainer.checkpoint import latest_checkpoint, read_state
+from sao_harness.trainer.metrics import read_metrics
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
 def test_swe_smoke_one_step_on_bundled_tasks(project_root, tmp_path):
-    from envs.engine import ensure_engine
-    from envs.gc import list_runs
+    from sao_harness.envs.engine import ensure_engine
+    from sao_harness.envs.gc import list_runs
 
     client = ensure_engine()
-    cmd = [sys.executable, "-m", "sao.cli", "train", "--config", str(project_root / "configs/local.yaml"),
+    cmd = [sys.executable, "-m", "sao_harness.sao.cli", "train", "--config", str(project_root / "configs/local.yaml"),
            f"run.root={tmp_path}", "run.name=swe", f"model.cache_dir={project_root / '.cache/sao'}",
            "trainer.max_steps=1", "trainer.batch_size=2", "agent.max_iterations=3", "sampling.max_tokens=64",
            "rollout.workers=2"]

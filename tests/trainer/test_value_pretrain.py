@@ -13,23 +13,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-from core.errors import UserError
-from harness.store import TraceStore
-from harness.trace import Segment, Status, Trajectory
-from trainer.batch import build_batch
-from trainer.config import TrainerConfig, ValuePretrainConfig
-from trainer.critic_init import initial_critic
-from trainer.metrics import family, read_metrics
-from trainer.models import Critic, load_critic
-from trainer.value_pretrain import (
+from sao_harness.core.errors import UserError
+from sao_harness.harness.store import TraceStore
+from sao_harness.harness.trace import Segment, Status, Trajectory
+from sao_harness.trainer.batch import build_batch
+from sao_harness.trainer.config import TrainerConfig, ValuePretrainConfig
+from sao_harness.trainer.critic_init import initial_critic
+from sao_harness.trainer.metrics import family, read_metrics
+from sao_harness.trainer.models import Critic, load_critic
+from sao_harness.trainer.value_pretrain import (
     cmd_value_pretrain,
     load_corpus,
     monte_carlo_returns,
     pretrain_critic,
     run_value_pretrain,
 )
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +54,7 @@ def corpus(n, seed=0, version=0):
 
 
 def make_cfg(tmp_path, *overrides):
-    from sao.config import load_config
+    from sao_harness.sao.config import load_config
     return load_config(None, [f"run.root={tmp_path}", "run.name=r", f"model.cache_dir={ROOT / '.cache' / 'sao'}",
                               *overrides])
 
@@ -187,7 +186,7 @@ def test_cli_value_pretrain_bad_run_dir_is_a_one_line_error(tmp_path, capsys):
         cmd_value_pretrain(argparse.Namespace(cfg=cfg))
     assert "\n" not in str(e.value) and str(tmp_path / "missing" / "traces") in str(e.value)
 
-    from sao.cli import build_parser, main
+    from sao_harness.sao.cli import build_parser, main
     func = build_parser().parse_args(["value-pretrain"]).func
     if getattr(func, "__name__", "") != "cmd_value_pretrain":
         pytest.skip("`sao value-pretrain` is not wired to trainer.value_pretrain.cmd_value_pretrain yet")
@@ -206,7 +205,7 @@ def tiny_policy(tiny_model_dir):
 
 
 def make_trainer(policy, **overrides):
-    from trainer.sao import SAOTrainer
+    from sao_harness.trainer.sao import SAOTrainer
     policy = copy.deepcopy(policy)
     config = TrainerConfig(**({"lr": 1e-3, "critic_lr": 1e-3, "critic_warmup_steps": 0, "critic_steps": 1,
                                "max_staleness": 100} | overrides))
@@ -276,7 +275,7 @@ def _bf16_critic(tiny_model_dir) -> Critic:
 
 def _one_step_moved_fraction(critic: Critic, lr: float = 1e-6) -> float:
     """One pretraining step at `lr`: the fraction of trainable elements with a nonzero gradient that moved."""
-    from trainer import value_pretrain
+    from sao_harness.trainer import value_pretrain
     before = {n: p.detach().float().clone() for n, p in critic.named_parameters()}
     seen = {}
 
@@ -309,7 +308,7 @@ def test_bf16_pretraining_step_at_lr_1e6_moves_the_fp32_master_weights(tiny_mode
 
 def test_the_same_step_without_master_weights_does_not_move_bf16_weights(tiny_model_dir, monkeypatch):
     """Power: the stage before master weights (a bf16 critic under plain AdamW) fails the test above."""
-    from trainer import value_pretrain
+    from sao_harness.trainer import value_pretrain
     monkeypatch.setattr(value_pretrain, "to_master_weights", lambda module: module)
     critic = _bf16_critic(tiny_model_dir)
     assert _one_step_moved_fraction(critic) < 0.9

@@ -37,10 +37,9 @@ class Served:
 
     def __init__(self, family: str):
         import torch
+        from sao_harness.harness.engines.vllm import VLLMEngine
+        from sao_harness.harness.engines.vllm_testmodel import ensure_test_model
         from transformers import AutoModelForCausalLM
-
-        from harness.engines.vllm import VLLMEngine
-        from harness.engines.vllm_testmodel import ensure_test_model
 
         self.family = family
         self.path = ensure_test_model(CACHE, family)

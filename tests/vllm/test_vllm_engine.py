@@ -8,10 +8,9 @@ import time
 
 import pytest
 import torch
-
-from harness.engines.protocol import EngineError, SamplingParams
-from harness.engines.sampling import sampling_logprobs
-from trainer.models import policy_token_logprobs
+from sao_harness.harness.engines.protocol import EngineError, SamplingParams
+from sao_harness.harness.engines.sampling import sampling_logprobs
+from sao_harness.trainer.models import policy_token_logprobs
 
 FAMILIES = ["dense", "moe"]
 TOL = 1e-5  # fp32: engine logprobs vs the trainer's recompute (contexts of tens of tokens)

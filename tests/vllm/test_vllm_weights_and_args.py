@@ -6,9 +6,8 @@ import re
 
 import pytest
 import torch
-
-from harness.engines.vllm_args import check_vllm_args, shipped_fields
-from harness.engines.vllm_weights import pack, plan, to_checkpoint_names, unpack
+from sao_harness.harness.engines.vllm_args import check_vllm_args, shipped_fields
+from sao_harness.harness.engines.vllm_weights import pack, plan, to_checkpoint_names, unpack
 
 
 def transformers_moe_state(num_experts=4, inter=6, hidden=5):
@@ -90,7 +89,7 @@ def test_shipped_engine_arg_fields_are_the_installed_vllms():
 
 
 def test_vllm_args_checked_at_config_time():
-    from harness.config import EngineConfig
+    from sao_harness.harness.config import EngineConfig
 
     cfg = EngineConfig(kind="vllm", vllm_args={"enforce_eager": True, "max_num_seqs": 4, "enable_expert_parallel": True,
                                                 "kv_cache_dtype": "auto",
