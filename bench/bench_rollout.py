@@ -13,9 +13,9 @@ import tempfile
 import time
 
 from _common import ROOT, verdict
+from sao_harness.harness.engines.scripted_policy import ScriptedPolicyEngine, tool_call
 from sao_harness.harness.proxy import ProxyServer
 from sao_harness.harness.rollout import run_rollout
-from sao_harness.harness.scripted_policy import ScriptedPolicyEngine, tool_call
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.tiny_model import ensure_tiny_model
 from sao_harness.harness.trace import Status

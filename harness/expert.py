@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import tarfile
 
-from sao_harness.harness.scripted_policy import REPO, patch_to_tool_calls, tool_call
+from sao_harness.harness.engines.scripted_policy import REPO, patch_to_tool_calls, tool_call
 from unidiff import PatchSet
 
 FINISH_MESSAGE = "Done."

@@ -32,11 +32,11 @@ from typing import Any
 
 import ray
 from sao_harness.harness.engines import make_engine
+from sao_harness.harness.engines.sleep import SleepEngine
 from sao_harness.harness.episode import EpisodeContext
 from sao_harness.harness.proxy import ProxyServer, UnknownEpisode
 from sao_harness.harness.runner import episode_function, run_with_retries
 from sao_harness.harness.store import TraceStore
-from sao_harness.harness.testbeds.simulated import SleepEngine
 from sao_harness.harness.trace import INFRA_ERRORS, Status, Trajectory
 from sao_harness.trainer import weight_sync
 

@@ -3,6 +3,8 @@
 ``hf``: transformers on CPU (tests, demo). ``vllm``: vLLM on GPUs or CPU (imported only when selected).
 ``scripted``: a test double that replays given assistant replies. ``expert``: the tasks' gold patches
 as minimal ``file_editor`` edits (SFT data; ``harness.engines.expert``). ``make_engine(cfg)`` builds one.
+Test doubles here too: ``scripted_policy`` (replies that run a task's gold patch through the tools) and
+``sleep`` (``testbed.simulated.engine_s``: a sleep per call, no model; the pipeline benchmarks).
 
 Adding an engine (nothing outside this folder changes):
 1. A module here with a class implementing ``protocol.Engine`` (``generate``, ``update_weights``, ``health``,

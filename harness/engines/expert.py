@@ -10,8 +10,8 @@ grader as a model's: their traces are SFT data for any task source with gold pat
 """
 from __future__ import annotations
 
+from sao_harness.harness.engines.scripted_policy import ScriptedPolicyEngine
 from sao_harness.harness.expert import expert_replies, image_file_reader
-from sao_harness.harness.scripted_policy import ScriptedPolicyEngine
 from sao_harness.harness.tiny_model import resolve_model_path
 from sao_harness.tasks.loaders import tasks_from_config
 

@@ -10,7 +10,7 @@ carries the version of every sampled token, exactly as in `env=swe`.
 - Reward (deterministic): the fraction of the episode's action tokens whose id is even.
 - Infra errors: an HTTP failure, or one injected with probability `infra_error_rate` (seeded by
   the episode id: it stops after its first turn). Status `infra_error`, no reward, never a 0.
-- `SleepEngine` (`engine_s`): a stand-in engine that sleeps per call and samples uniformly, so
+- `harness.engines.sleep.SleepEngine` (`engine_s`): a stand-in engine that sleeps per call and samples uniformly, so
   that the benchmark measures the pipeline (workers, engine, trace store, trainer, weight publishing),
   not the model.
 """
@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from sao_harness.harness.engines.protocol import Engine, GenerateResult, SamplingParams
 from sao_harness.harness.proxy import UnknownEpisode
 from sao_harness.harness.trace import REWARDED, Status, Trajectory
 
@@ -123,39 +122,3 @@ def run_simulated_episode(task, ctx, episode_id: str) -> Trajectory:
                                       {"role": "user", "content": task.problem_statement[:500] or task.instance_id}]
     return chat_episode(task, ctx, episode_id, messages, planned, lambda turn: observation(turn, rng), reward_rule,
                         "simulated", sleep_s=sim.env_sleep_s, inject_after_first=inject, planned_turns=planned)
-
-
-class SleepEngine(Engine):
-    """A stand-in engine for the benchmark: each `generate` sleeps `turn_s` (any number in parallel)
-    and returns `tokens_per_turn` uniform token ids (the last one EOS) with their uniform logprob."""
-
-    kind = "sleep"
-
-    def __init__(self, turn_s: float, vocab_size: int, eos_id: int, tokens_per_turn: int = 4, seed: int = 0,
-                 first_id: int = 16, timeout_s: float = 600.0):
-        self.turn_s, self.vocab, self.eos, self.n, self.first = turn_s, vocab_size, eos_id, tokens_per_turn, first_id
-        self.timeout_s = timeout_s
-        self._rng = random.Random(seed)
-        self._lock = threading.Lock()
-        self._version = 0
-        self.calls = 0
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    def generate(self, prompt_ids: list[int], sampling: SamplingParams, timeout: float | None = None) -> GenerateResult:
-        time.sleep(self.turn_s)
-        n = max(1, min(self.n, sampling.max_tokens))
-        with self._lock:
-            ids = [self._rng.randrange(self.first, self.vocab) for _ in range(n - 1)] + [self.eos]
-            self.calls += 1
-            v = self._version
-        lp = -math.log(self.vocab - self.first)
-        return GenerateResult(ids, [lp] * n, "stop", [v] * n)
-
-    def update_weights(self, version: int, weights: dict[str, Any], timeout: float | None = None) -> None:
-        self._version = version
-
-    def health(self) -> dict[str, Any]:
-        return {"ok": True, "kind": self.kind, "version": self._version, "calls": self.calls}

@@ -65,14 +65,14 @@ class Served:
 
 
 def gold_engine(tokenizer, ids):
-    from sao_harness.harness.scripted_policy import ScriptedPolicyEngine
+    from sao_harness.harness.engines.scripted_policy import ScriptedPolicyEngine
 
     return ScriptedPolicyEngine.gold(tokenizer, tasks_of(ids))
 
 
 def empty_engine(tokenizer, ts):
     """A policy that only calls ``finish`` (past its empty script): an empty patch for every task."""
-    from sao_harness.harness.scripted_policy import ScriptedPolicyEngine
+    from sao_harness.harness.engines.scripted_policy import ScriptedPolicyEngine
 
     return ScriptedPolicyEngine(tokenizer, {t.instance_id: [] for t in ts},
                                 {t.instance_id: t.problem_statement for t in ts})

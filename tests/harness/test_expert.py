@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from sao_harness.harness.engines.scripted_policy import gold_replies
 from sao_harness.harness.expert import expert_replies, minimal_edits
-from sao_harness.harness.scripted_policy import gold_replies
 from sao_harness.harness.trace import Status
 from sao_harness.tasks.loaders import load_tasks
 from unidiff import PatchSet

@@ -7,8 +7,8 @@ import httpx
 import pytest
 from openai import OpenAI
 from sao_harness.harness.engines.hf import HFEngine
+from sao_harness.harness.engines.sleep import SleepEngine
 from sao_harness.harness.proxy import ProxyServer
-from sao_harness.harness.testbeds.simulated import SleepEngine
 from sao_harness.harness.tiny_model import ensure_tiny_model
 from sao_harness.harness.trace import Status
 from sao_harness.sao.config import load_config

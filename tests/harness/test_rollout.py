@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 from sao_harness.core.errors import UserError
+from sao_harness.harness.engines.scripted_policy import ScriptedPolicyEngine, tool_call
 from sao_harness.harness.episode import run_episode
 from sao_harness.harness.proxy import ProxyServer
 from sao_harness.harness.rollout import run_rollout
 from sao_harness.harness.runner import episode_function, run_with_retries
-from sao_harness.harness.scripted_policy import ScriptedPolicyEngine, tool_call
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Status, Trajectory
 from sao_harness.sao.config import load_config
