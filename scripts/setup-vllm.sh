@@ -66,7 +66,7 @@ grep -v -E "outside environment|No files were found to uninstall|dependency reso
 
 # Smoke: vLLM imports on the CPU platform with its CPU kernels, and the project's code is importable.
 "$VENV/bin/python" - <<'EOF'
-import torch, transformers, vllm, harness.engines.vllm  # noqa: F401,E401
+import torch, transformers, vllm, sao_harness.harness.engines.vllm  # noqa: F401,E401
 from vllm.platforms import current_platform
 assert current_platform.is_cpu(), f"vLLM platform is {current_platform!r}, not CPU"
 print(f"setup-vllm: vllm {vllm.__version__} on {type(current_platform).__name__}, torch {torch.__version__}, "
