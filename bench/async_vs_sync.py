@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from _common import ROOT, fixed_update, verdict
+
 from sao_harness.sao.config import load_config
 
 
@@ -57,6 +58,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import ray
+
     from sao_harness.trainer.loop import train
     from sao_harness.trainer.ray_utils import start_ray
 

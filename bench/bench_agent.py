@@ -67,7 +67,6 @@ def ms(xs):
 
 def episode(sb, turns: int, native: bool):
     from sao_harness.harness.agent import AgentSettings, run_agent
-
     from tests.support.fakellm import FakeLLM, prompt_call, tool
 
     sb.run("cd /testbed && printf 'value = 0\\n' > mod.py && git add -A && git commit -q --allow-empty -m mod", 60,
@@ -85,7 +84,6 @@ def episode(sb, turns: int, native: bool):
 
 def think_only(turns: int):
     from sao_harness.harness.agent import AgentSettings, run_agent
-
     from tests.support.fakellm import FakeLLM, tool
 
     class NoTools:

@@ -93,9 +93,10 @@ def main() -> int:
 
     import torch  # lazy: heavy
     import transformers
+    from transformers import AutoModelForCausalLM
+
     from sao_harness.harness.tiny_model import ensure_tiny_model
     from sao_harness.trainer.config import TrainerConfig
-    from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
     logging.getLogger("torch").setLevel(logging.WARNING)

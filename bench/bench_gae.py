@@ -24,6 +24,7 @@ import time
 
 import torch
 from _common import verdict
+
 from sao_harness.trainer.gae import length_adaptive_lambda, skip_observation_gae
 
 ROWS, LENGTH = 64, 32_768

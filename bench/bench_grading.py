@@ -41,7 +41,6 @@ def main() -> int:
     from sao_harness.tasks.grade_status import GradeStatus
     from sao_harness.tasks.hacks import hack_patch
     from sao_harness.tasks.loaders import BUNDLED, load_task_repo, load_tasks_lenient
-
     from tests.support.task_repos import make_task_repo
 
     t_start = time.monotonic()

@@ -33,6 +33,7 @@ LENGTHS = (8_192, 32_768)
 def child(mode: str, length: int) -> None:
     import psutil
     import torch
+
     from sao_harness.trainer.models import chunked_token_logprobs
 
     torch.manual_seed(0)

@@ -33,6 +33,7 @@ from _common import ROOT
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402  (after the environment above)
+
 from sao_harness.harness.trace import Segment, Trajectory  # noqa: E402
 from sao_harness.trainer.batch import TrajectoryBatch, build_batch, micro_batches, pack, pack_groups  # noqa: E402
 from sao_harness.trainer.config import TrainerConfig  # noqa: E402
@@ -141,9 +142,10 @@ def main() -> int:
     args = ap.parse_args()
 
     import transformers  # lazy: heavy
+    from transformers import AutoModelForCausalLM  # lazy: heavy
+
     from sao_harness.harness.store import TraceStore  # lazy: only the demo part reads traces
     from sao_harness.harness.tiny_model import ensure_tiny_model  # lazy: builds the model once
-    from transformers import AutoModelForCausalLM  # lazy: heavy
 
     transformers.logging.set_verbosity_error()
     logging.getLogger("torch").setLevel(logging.WARNING)

@@ -22,6 +22,7 @@ import time
 
 import httpx
 from _common import ROOT, verdict
+
 from sao_harness.harness.engines.scripted import ScriptedEngine
 from sao_harness.harness.proxy import ProxyServer
 from sao_harness.harness.tiny_model import ensure_tiny_model

@@ -13,6 +13,7 @@ import tempfile
 import time
 
 from _common import ROOT, verdict
+
 from sao_harness.harness.engines.scripted_policy import ScriptedPolicyEngine, tool_call
 from sao_harness.harness.proxy import ProxyServer
 from sao_harness.harness.rollout import run_rollout
@@ -38,8 +39,9 @@ def rollout(cfg, engine, tokenizer):
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
-    from sao_harness.envs.engine import ensure_engine
     from transformers import AutoTokenizer
+
+    from sao_harness.envs.engine import ensure_engine
 
     ensure_engine()
     from sao_harness.harness.agent import load_sdk

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from _common import verdict
+
 from sao_harness.envs.scrub import SCRIPT, parse_result
 
 TARGET_S = 2.0

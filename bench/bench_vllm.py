@@ -44,6 +44,7 @@ def update_s(engine, state) -> float:
 def main() -> int:
     os.chdir(ROOT)
     import torch
+
     from sao_harness.harness.engines.hf import HFEngine
     from sao_harness.harness.engines.protocol import SamplingParams
     from sao_harness.harness.engines.vllm import VLLMEngine

@@ -100,6 +100,8 @@ def human(n: float) -> str:
 
 
 def run_family(name: str, fields: dict, full_layers: int, args, dp) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM  # lazy: after the CUDA check (the skip is quick)
+
     from sao_harness.trainer.config import TrainerConfig  # lazy: after the CUDA check
     from sao_harness.trainer.distributed import shard  # lazy: after the CUDA check
     from sao_harness.trainer.gpu_plan import (  # lazy: after the CUDA check
@@ -110,7 +112,6 @@ def run_family(name: str, fields: dict, full_layers: int, args, dp) -> None:
     )
     from sao_harness.trainer.models import Critic  # lazy: after the CUDA check
     from sao_harness.trainer.sao import SAOTrainer  # lazy: after the CUDA check
-    from transformers import AutoConfig, AutoModelForCausalLM  # lazy: after the CUDA check (the skip is quick)
 
     device, dtype = dp.device, torch.bfloat16
     config = AutoConfig.for_model(**fields, max_position_embeddings=max(262144, max(args.sizes)),

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from _common import ROOT, fixed_update, verdict
+
 from sao_harness.sao.config import load_config
 
 
@@ -48,6 +49,7 @@ def publish_s_per_gb(transport: str, args) -> float:
     """Best seconds per GB of `args.repeats` publishes of a synthetic state dict to the replicas."""
     import ray
     import torch
+
     from sao_harness.trainer.actors import EngineActor
     from sao_harness.trainer.loop import _resolved
     from sao_harness.trainer.weight_sync import make_weight_sync
@@ -90,6 +92,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import ray
+
     from sao_harness.trainer.ray_utils import start_ray
 
     root = Path(tempfile.mkdtemp(prefix="sao-bench-scale-"))

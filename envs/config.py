@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+
 from sao_harness.core.config import Section
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
 from sao_harness.envs.errors import EngineError
 from sao_harness.envs.hostpkg import ensure_programs, which
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from pydantic import Field, field_validator
+
 from sao_harness.core.config import Section
 
 

@@ -8,6 +8,7 @@ An infra error gets no prediction (no verdict, never a 0): it is retried on the 
 from __future__ import annotations
 
 import pyarrow.parquet as pq
+
 from sao_harness.eval.paths import EvalPaths, JsonlLog, latest_by_instance
 from sao_harness.eval.policy import Policy
 from sao_harness.harness.rollout import run_rollout

@@ -37,6 +37,7 @@ from enum import StrEnum, auto
 from typing import Any
 
 from pydantic import PrivateAttr
+
 from sao_harness.envs.errors import SandboxError
 from sao_harness.harness.prompts import COMPACT_SYSTEM_PROMPT, nudge_text
 from sao_harness.harness.trace import Status
@@ -67,6 +68,7 @@ def load_sdk() -> dict[str, Any]:
         from openhands.sdk.event.conversation_error import ConversationErrorEvent
         from openhands.sdk.llm import exceptions as llm_exc
         from openhands.sdk.tool.builtins import FinishAction
+
         from sao_harness.harness.tools import SandboxTarget, SandboxTools, SandboxUnavailable  # lazy: imports the SDK
 
         class EpisodeLLM(LLM):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
+
 from sao_harness.core.config import Section
 from sao_harness.harness.engines.registry import ENGINES, engine_spec
 from sao_harness.harness.tiny_model import MODEL_SHAPE, resolve_model_path

@@ -18,8 +18,9 @@ from __future__ import annotations
 import io
 import tarfile
 
-from sao_harness.harness.engines.scripted_policy import REPO, patch_to_tool_calls, tool_call
 from unidiff import PatchSet
+
+from sao_harness.harness.engines.scripted_policy import REPO, patch_to_tool_calls, tool_call
 
 FINISH_MESSAGE = "Done."
 # Changed runs this close (unchanged lines between) are one edit: repeating a few lines in old_str and

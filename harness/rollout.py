@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
+
 from sao_harness.envs.engine import ensure_engine
 from sao_harness.envs.gc import run_scope
 from sao_harness.harness.engines import make_engine

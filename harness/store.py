@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
+
 from sao_harness.core.errors import UserError
 from sao_harness.core.files import atomic_write
 from sao_harness.harness.trace import Trajectory, to_table

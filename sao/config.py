@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
+
 from sao_harness.core.config import RunConfig, Section, dump_yaml, load_yaml, validate
 from sao_harness.envs.config import DockerConfig, SandboxConfig
 from sao_harness.eval.config import EvalConfig

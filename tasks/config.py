@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
+
 from sao_harness.core.config import Section
 
 

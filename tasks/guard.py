@@ -46,9 +46,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from sao_harness.tasks.diffparse import FileChange, file_changes, unquote_c
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
+
+from sao_harness.tasks.diffparse import FileChange, file_changes, unquote_c
 
 TEST_CONFIG_FILES = {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "sitecustomize.py", "usercustomize.py"}
 TEST_DIRS = {"tests", "test", "testing"}

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+
 from sao_harness.core.errors import UserError
 from sao_harness.envs.engine import docker_client
 from sao_harness.envs.errors import SandboxError

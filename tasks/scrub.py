@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+
 from sao_harness.envs.config import DockerConfig, SandboxConfig
 from sao_harness.envs.scrub import ScrubResult, scrubbed_image
 from sao_harness.tasks.build import BASE_LABEL, RECIPE_LABEL, TASK_LABEL, recipe_hash

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from sao_harness.envs.config import DockerConfig, SandboxConfig
 from sao_harness.envs.engine import ensure_engine
 from sao_harness.envs.errors import EngineError

@@ -31,6 +31,7 @@ from functools import partial
 from typing import Any
 
 import ray
+
 from sao_harness.harness.engines import make_engine
 from sao_harness.harness.engines.sleep import SleepEngine
 from sao_harness.harness.episode import EpisodeContext

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
+
 from sao_harness.harness.trace import Trajectory
 
 

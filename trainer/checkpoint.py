@@ -49,11 +49,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_model, save_model
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
 from sao_harness.core.files import atomic_write_text, fsync_dir
 from sao_harness.trainer import sharded
 from sao_harness.trainer.models import save_critic
 from sao_harness.trainer.precision import engine_weights
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
 LATEST = "latest"
 POLICY_MASTER = "policy_master.safetensors"

@@ -10,6 +10,7 @@ import warnings
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
+
 from sao_harness.core.config import Section
 from sao_harness.harness.runner import check_env
 

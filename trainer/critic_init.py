@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from sao_harness.core.errors import UserError
 from sao_harness.trainer.config import TrainerConfig
 from sao_harness.trainer.models import Critic, critic_freeze_patterns, freeze_parameters, load_critic

@@ -38,6 +38,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
 from sao_harness.core.errors import UserError
 from sao_harness.harness.config import SamplingConfig
 from sao_harness.harness.trace import TRUNCATED, Status, Trajectory
@@ -54,8 +57,6 @@ from sao_harness.trainer.critic_init import freeze_critic, initial_critic
 from sao_harness.trainer.models import CRITIC_WEIGHTS, Critic, load_critic
 from sao_harness.trainer.precision import autocast
 from sao_harness.trainer.sao import SAOTrainer
-from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 SUMMED = ("value_loss", "value_loss_last_step", "trajectories", "micro_batches", "action_tokens", "tokens")
 TOKEN_MEANS = ("policy_loss", "entropy", "logp_abs_diff_mean", "adv_raw_mean", "adv_mean", "value_mean",

@@ -251,8 +251,9 @@ def _nodes(nodes: list[int]) -> str:
 def model_shapes(model_cfg) -> tuple[Shapes, str]:
     """(Shapes, where they came from) of ``model.path``: its config.json (read offline), else
     ``model.config``; both present and different on a field is an error naming it."""
-    from sao_harness.harness.tiny_model import MODEL_SHAPE, VOCAB_SIZE  # lazy: only the tiny model's recipe
     from transformers import AutoConfig  # lazy: transformers is heavy
+
+    from sao_harness.harness.tiny_model import MODEL_SHAPE, VOCAB_SIZE  # lazy: only the tiny model's recipe
 
     given = dict(getattr(model_cfg, "config", None) or {})
     if model_cfg.path == "tiny":  # the recipe's shapes, without building the model

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import ray
 import torch
+
 from sao_harness.core.errors import UserError
 from sao_harness.core.runlock import lock_file
 from sao_harness.envs.gc import run_scope

@@ -33,8 +33,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_model, save_model
-from sao_harness.harness.engines.sampling import filter_logits_
 from torch import nn
+
+from sao_harness.harness.engines.sampling import filter_logits_
 
 CRITIC_WEIGHTS = "critic.safetensors"
 

@@ -12,6 +12,7 @@ The equations live in trainer.gae and trainer.losses; this module only maps the 
 from __future__ import annotations
 
 import torch
+
 from sao_harness.trainer.batch import TrajectoryBatch
 from sao_harness.trainer.config import TrainerConfig
 from sao_harness.trainer.gae import length_adaptive_lambda, skip_observation_gae, token_gae

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
 from sao_harness.harness.store import TraceStore, read_shard
 from sao_harness.harness.trace import INFRA_ERRORS, Status, Trajectory
 

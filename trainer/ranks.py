@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 
 import ray
+
 from sao_harness.harness.config import SamplingConfig
 from sao_harness.trainer import distributed
 from sao_harness.trainer.config import RuntimeConfig, TrainerConfig

@@ -45,6 +45,8 @@ from __future__ import annotations
 import time
 
 import torch
+from torch import nn
+
 from sao_harness.harness.config import SamplingConfig
 from sao_harness.harness.trace import TRUNCATED, Status, Trajectory
 from sao_harness.trainer.batch import PackedRows, TrajectoryBatch, build_batch, micro_batches, minibatches, pack
@@ -65,7 +67,6 @@ from sao_harness.trainer.precision import (
     to_master_weights,
     train_mode,
 )
-from torch import nn
 
 
 def _grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:

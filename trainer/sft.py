@@ -296,8 +296,9 @@ def world_size(cfg) -> int:
 def _train_on_ranks(cfg, model_path: str, examples: list[dict], max_length: int, model_dir: Path,
                     report: StepReport, verbose: bool) -> list[dict]:
     """trainer.sft_dist on world_size FSDP2 ranks; what it cannot do as TRL does is a UserError here."""
-    from sao_harness.trainer import distributed, sft_dist  # lazy: torch.distributed is heavy
     from transformers import AutoConfig  # lazy: heavy
+
+    from sao_harness.trainer import distributed, sft_dist  # lazy: torch.distributed is heavy
 
     sft, world = cfg.sft, world_size(cfg)
     if sft.router_aux_loss_coef > 0:

@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
 from sao_harness.core.files import atomic_dir
 from sao_harness.trainer import distributed, sharded
 from sao_harness.trainer.batch import pack_groups

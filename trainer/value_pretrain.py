@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
 from sao_harness.core.errors import UserError
 from sao_harness.core.files import atomic_dir
 from sao_harness.harness.tiny_model import resolve_model_path

@@ -23,6 +23,7 @@ import socket
 import time
 
 import torch
+
 from sao_harness.harness.engines.registry import engine_spec, weight_sync_transport
 from sao_harness.harness.engines.vllm_weights import pack, plan, unpack
 from sao_harness.trainer.ray_utils import LoopError, get

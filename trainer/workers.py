@@ -27,6 +27,7 @@ import time
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
 from sao_harness.harness.engines.registry import replica_gpus
 from sao_harness.harness.engines.vllm_env import engine_runtime_env
 from sao_harness.trainer.actors import EngineActor, RolloutWorker

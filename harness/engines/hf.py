@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import torch
+
 from sao_harness.harness.engines.protocol import (
     Engine,
     EngineError,

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 
-from sao_harness.harness.engines.scripted import ScriptedEngine
 from unidiff import PatchSet
+
+from sao_harness.harness.engines.scripted import ScriptedEngine
 
 REPO = "/testbed"
 

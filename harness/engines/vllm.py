@@ -80,6 +80,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from sao_harness.harness.engines.protocol import (
     Engine,
     EngineError,

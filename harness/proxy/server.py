@@ -25,6 +25,8 @@ import time
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
 from sao_harness.core.errors import UserError
 from sao_harness.harness.config import TOKEN_ENV, context_budget
 from sao_harness.harness.engines.registry import engine_spec
@@ -33,7 +35,6 @@ from sao_harness.harness.proxy.parsers import parsers_from_config
 from sao_harness.harness.proxy.session import Session, SessionSetup, request_sampling
 from sao_harness.harness.proxy.template import template_from_config
 from sao_harness.harness.trace import Trajectory
-from starlette.concurrency import run_in_threadpool
 
 log = logging.getLogger(__name__)
 

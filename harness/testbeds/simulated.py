@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+
 from sao_harness.harness.proxy import UnknownEpisode
 from sao_harness.harness.trace import REWARDED, Status, Trajectory
 

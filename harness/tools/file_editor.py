@@ -41,6 +41,7 @@ from openhands.tools.file_editor.exceptions import (
     FileValidationError,
 )
 from openhands.tools.file_editor.impl import FileEditorExecutor
+
 from sao_harness.harness.tools.target import SandboxBroken, SandboxTarget, SandboxUnavailable
 
 # One round trip: the container user, the type of each probed path, a directory listing (children and

@@ -30,6 +30,7 @@ from openhands.tools.file_editor.impl import FileEditorExecutor
 from openhands.tools.terminal import TerminalTool
 from openhands.tools.terminal.definition import TerminalAction
 from pydantic import Field
+
 from sao_harness.harness.tools.file_editor import SandboxFileEditorExecutor
 from sao_harness.harness.tools.target import SandboxTarget, SandboxUnavailable
 from sao_harness.harness.tools.terminal import MAX_COMMAND_S, SandboxTerminalExecutor

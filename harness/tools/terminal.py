@@ -34,6 +34,7 @@ from openhands.tools.terminal.definition import TerminalObservation
 from openhands.tools.terminal.impl import TerminalExecutor
 from openhands.tools.terminal.terminal.subprocess_terminal import ENTER, SubprocessTerminal
 from openhands.tools.terminal.terminal.terminal_session import TerminalSession
+
 from sao_harness.harness.tools.target import SandboxBroken, SandboxTarget, SandboxUnavailable
 
 PTY_ROWS, PTY_COLS = 100, 4000

@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+
 from sao_harness.envs.config import DockerConfig, SandboxConfig, size_bytes
 
 
@@ -113,6 +114,7 @@ def capped_engine(docker_engine, base_image):
     from pathlib import Path
 
     import docker
+
     from sao_harness.envs.datafs import mounted_fstype
     from sao_harness.envs.engine import ProjectEngine, start_project_engine, stop_project_engine
 
@@ -141,7 +143,6 @@ def capped_engine(docker_engine, base_image):
 def test_fallocate_burst_is_capped_by_the_kernel(capped_engine, base_image, test_run_id, monkeypatch, capsys):
     import sao_harness.envs.sandbox as sandbox_module
     from sao_harness.envs.limits import HARD_CAP_DRIVERS
-
     from tests.conftest import SMALL
 
     assert capped_engine.info()["Driver"] in HARD_CAP_DRIVERS

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+
 from sao_harness.envs.sandbox import KEEPALIVE
 
 pytestmark = pytest.mark.docker
@@ -210,6 +211,7 @@ def test_missing_image_names_it(docker_engine):
 
 def test_engine_unreachable_is_a_clear_error(tmp_path):
     import docker
+
     from sao_harness.envs.errors import EngineGone
     from sao_harness.envs.sandbox import Sandbox
 

@@ -120,6 +120,7 @@ def test_owner_alive_from_pid_labels():
 
 def test_sandbox_config_validation():
     from pydantic import ValidationError
+
     from sao_harness.envs.config import SandboxConfig
 
     assert SandboxConfig(cap_add=["cap_chown", "setuid"]).cap_add == ["CHOWN", "SETUID"]

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from sao_harness.envs.config import DockerConfig
 from sao_harness.envs.engine import _client, start_project_engine, stop_project_engine
 from sao_harness.envs.errors import EngineError

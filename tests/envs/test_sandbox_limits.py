@@ -14,6 +14,7 @@ import pytest
 # -- network (unit) ---------------------------------------------------------------------------------
 def test_network_other_than_none_needs_allow_network(caplog):
     from pydantic import ValidationError
+
     from sao_harness.envs.config import SandboxConfig
 
     assert SandboxConfig().network == "none"

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from sao_harness.envs.scrub import SCRIPT, ScrubError, parse_result
 from sao_harness.harness.trace import Status
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from sao_harness.harness.trace import Status
 from sao_harness.sao.cli import main
 from sao_harness.tasks.grade_status import INFRA_FAILURES
@@ -203,6 +204,7 @@ def test_missing_task_images_are_built_before_the_episodes(tmp_path, client, tok
     import uuid
 
     import yaml
+
     from sao_harness.eval.run import run_eval
 
     src = Path("tasks/bundled")

@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
+
 from sao_harness.core.errors import UserError
 from sao_harness.harness.trace import Status
 from sao_harness.sao.cli import main
 from sao_harness.tasks.grade_status import INFRA_FAILURES
-
 from tests.support.eval_data import IDS, synthetic_eval
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sao_harness.envs.config import DockerConfig
 from sao_harness.envs.engine import docker_client
 from sao_harness.envs.errors import EngineGone

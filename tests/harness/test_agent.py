@@ -9,12 +9,12 @@ import json
 
 import httpx
 import pytest
+
 from sao_harness.envs.errors import EngineGone
 from sao_harness.harness.agent import AgentSettings, ErrorKind, classify_error, load_sdk, run_agent
 from sao_harness.harness.prompts import SWEBENCH_CONDA_ACTIVATE, instruction_for, nudge_text
 from sao_harness.harness.trace import Status
 from sao_harness.sao.config import load_config
-
 from tests.support.fakellm import FakeLLM, Reply, http_error, prompt_call, text, tool
 
 

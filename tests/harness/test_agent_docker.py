@@ -14,12 +14,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from sao_harness.envs.config import SandboxConfig
 from sao_harness.envs.sandbox import Sandbox
 from sao_harness.harness.agent import AgentSettings, ErrorKind, run_agent
 from sao_harness.harness.prompts import instruction_for
 from sao_harness.harness.trace import Status
-
 from tests.support.agent import make_repo_sandbox
 from tests.support.fakellm import FakeLLM, Reply, prompt_call, text, tool
 
@@ -86,6 +86,7 @@ def test_terminal_wide_clean_output_and_interrupt(tools):
 def test_no_terminal_call_outlives_max_command_s(sandbox, command, kw):
     """A policy that hangs a terminal call hangs its rollout worker (and a synchronous group barrier)."""
     from openhands.tools.terminal.definition import TerminalAction  # lazy: imports the openhands SDK
+
     from sao_harness.harness.tools import SandboxTarget, SandboxTools
     from sao_harness.harness.tools.terminal import KILL_GRACE_S
 
@@ -378,6 +379,7 @@ def test_file_editor_writes_where_the_archive_api_cannot(engine):
     read-only root is the agent's error, as the SDK editor would report it."""
     # lazy: imports the openhands SDK
     from openhands.tools.file_editor.definition import FileEditorAction
+
     from sao_harness.harness.tools import SandboxTarget, SandboxTools
 
     client, image = engine
@@ -401,6 +403,7 @@ def test_file_editor_probe_survives_a_lost_exec_reply_but_not_a_persistent_one(s
     one lost reply costs nothing. A reply that never parses from a running container is what the agent did
     to it (an agent can replace `bash` with `true`): the call's error, never an infrastructure failure."""
     from openhands.tools.file_editor.definition import FileEditorAction  # lazy: imports the openhands SDK
+
     from sao_harness.harness.tools.file_editor import PROBE_ATTEMPTS
     from sao_harness.harness.tools.target import SandboxBroken
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from sao_harness.harness.agent import AgentSettings, run_agent
 from sao_harness.harness.trace import Status
-
 from tests.support.agent import make_repo_sandbox
 
 pytestmark = pytest.mark.docker
@@ -29,10 +29,11 @@ def fn(name, **args):
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "prompt"])
 def test_episode_through_the_token_exact_proxy(engine, tiny_model_dir, native):
+    from transformers import AutoTokenizer
+
     from sao_harness.harness.engines.scripted import ScriptedEngine
     from sao_harness.harness.proxy import ProxyServer
     from sao_harness.sao.config import load_config
-    from transformers import AutoTokenizer
 
     call = hermes if native else fn
     replies = [call("terminal", command="cat a.py"),

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from sao_harness.harness.engines.hf import HFEngine
 from sao_harness.harness.engines.protocol import EngineError, EngineTimeout, SamplingParams
 from sao_harness.harness.engines.sampling import sampling_logprobs

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 from pydantic import BaseModel, ConfigDict
+from transformers import AutoTokenizer
+
 from sao_harness.core.config import ConfigError
 from sao_harness.core.errors import UserError
 from sao_harness.harness.engines import make_engine, registry
@@ -20,7 +22,6 @@ from sao_harness.harness.engines.vllm_env import engine_runtime_env
 from sao_harness.harness.proxy.server import ProxyServer
 from sao_harness.sao.config import load_config
 from sao_harness.sao.doctor import check_vllm, wants_gpu
-from transformers import AutoTokenizer
 
 
 class EchoOptions(BaseModel):

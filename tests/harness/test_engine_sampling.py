@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+
 from sao_harness.harness.engines.protocol import SamplingParams, find_stop
 from sao_harness.harness.engines.sampling import sample_token, sampling_logprobs
 

@@ -2,12 +2,13 @@
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
+
 from sao_harness.harness.engines import make_engine, sampling_from_config
 from sao_harness.harness.engines.protocol import EngineError, EngineTimeout, SamplingParams
 from sao_harness.harness.engines.scripted import ScriptedEngine
 from sao_harness.harness.tiny_model import ensure_tiny_model
 from sao_harness.sao.config import load_config
-from transformers import AutoTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 REPLY = 'Let me look.\n<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>'

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from sao_harness.harness.engines.protocol import EngineError, EngineTimeout, SamplingParams
 from sao_harness.harness.engines.vllm import (
     SaoWorkerExtension,

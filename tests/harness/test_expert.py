@@ -13,11 +13,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from unidiff import PatchSet
+
 from sao_harness.harness.engines.scripted_policy import gold_replies
 from sao_harness.harness.expert import expert_replies, minimal_edits
 from sao_harness.harness.trace import Status
 from sao_harness.tasks.loaders import load_tasks
-from unidiff import PatchSet
 
 TASKS = ["sao-harness__minicfg-8", "sao-harness__spanlib-8", "sao-harness__tablefmt-9"]
 
@@ -145,6 +146,7 @@ def test_compact_profile_keeps_the_tools_parameters():
     from openhands.sdk.tool.builtins import FinishAction, ThinkAction
     from openhands.tools.file_editor.definition import FileEditorAction
     from openhands.tools.terminal.definition import TerminalAction
+
     from sao_harness.harness.tools.registry import COMPACT_TOOLS
 
     def shape(action_type):

@@ -3,6 +3,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+
 from sao_harness.core.errors import UserError
 from sao_harness.harness.proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, default_parsers, parsers_from_config
 from sao_harness.harness.tiny_model import CHAT_TEMPLATE

@@ -9,6 +9,8 @@ import httpx
 import pytest
 import torch
 from openai import OpenAI
+from transformers import AutoTokenizer
+
 from sao_harness.harness.engines.hf import HFEngine
 from sao_harness.harness.engines.sampling import sampling_logprobs
 from sao_harness.harness.engines.scripted import ScriptedEngine
@@ -17,8 +19,6 @@ from sao_harness.harness.store import TraceStore, read_shard
 from sao_harness.harness.tiny_model import ensure_tiny_model
 from sao_harness.harness.trace import Status
 from sao_harness.sao.config import load_config
-from transformers import AutoTokenizer
-
 from tests.support.proxy import Spy
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,13 +6,14 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
+from transformers import AutoTokenizer
+
 from sao_harness.harness.engines.hf import HFEngine
 from sao_harness.harness.engines.sleep import SleepEngine
 from sao_harness.harness.proxy import ProxyServer
 from sao_harness.harness.tiny_model import ensure_tiny_model
 from sao_harness.harness.trace import Status
 from sao_harness.sao.config import load_config
-from transformers import AutoTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 EPISODES = 4

@@ -5,6 +5,8 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
+from transformers import AutoTokenizer
+
 from sao_harness.core.errors import UserError
 from sao_harness.harness.engines.scripted import ScriptedEngine
 from sao_harness.harness.proxy import ProxyServer, check_loopback, parse_tool_calls
@@ -12,7 +14,6 @@ from sao_harness.harness.store import TraceStore, read_shard
 from sao_harness.harness.tiny_model import ensure_tiny_model
 from sao_harness.harness.trace import Status
 from sao_harness.sao.config import load_config
-from transformers import AutoTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = [{"type": "function", "function": {"name": "terminal", "parameters": {

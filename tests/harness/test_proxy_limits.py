@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from openai import OpenAI
+from transformers import AutoTokenizer
+
 from sao_harness.core.errors import UserError
 from sao_harness.harness.agent import AgentSettings, run_agent
 from sao_harness.harness.config import context_budget
@@ -24,7 +26,6 @@ from sao_harness.harness.testbeds.simulated import chat_episode
 from sao_harness.harness.tiny_model import ensure_tiny_model
 from sao_harness.harness.trace import Status
 from sao_harness.sao.config import load_config
-from transformers import AutoTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "sao"

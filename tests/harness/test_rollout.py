@@ -10,6 +10,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+
 from sao_harness.core.errors import UserError
 from sao_harness.harness.engines.scripted_policy import ScriptedPolicyEngine, tool_call
 from sao_harness.harness.episode import run_episode

@@ -29,6 +29,7 @@ from openhands.tools.terminal.impl import TerminalExecutor
 from openhands.tools.terminal.terminal.interface import TerminalInterface
 from openhands.tools.terminal.terminal.subprocess_terminal import ENTER, SubprocessTerminal
 from openhands.tools.terminal.terminal.terminal_session import TerminalSession
+
 from sao_harness.harness.tools import SandboxTarget
 from sao_harness.harness.tools.terminal import DockerExecTerminal, SandboxTerminalExecutor
 

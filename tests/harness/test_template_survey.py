@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
+
 from sao_harness.harness.proxy import TemplateError
 from sao_harness.harness.proxy.template import ChatTemplate
 from sao_harness.harness.tiny_model import ensure_tiny_model
-from transformers import AutoTokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "templates"
 REPO = Path(__file__).resolve().parents[2]

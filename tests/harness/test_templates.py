@@ -21,6 +21,8 @@ import httpx
 import pytest
 import torch
 from openai import OpenAI
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from sao_harness.harness.engines import make_engine
 from sao_harness.harness.engines.scripted import ScriptedEngine
 from sao_harness.harness.proxy import ProxyServer, TemplateError
@@ -30,8 +32,6 @@ from sao_harness.harness.trace import Status
 from sao_harness.sao.config import load_config
 from sao_harness.trainer.batch import build_batch
 from sao_harness.trainer.models import policy_token_logprobs
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from tests.harness.template_families import FAMILIES, TEMPLATES
 from tests.support.proxy import Spy, start_sao_serve
 

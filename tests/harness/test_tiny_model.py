@@ -4,8 +4,9 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from sao_harness.harness.tiny_model import build_tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from sao_harness.harness.tiny_model import build_tiny_model
 
 TOOLS = [{"type": "function", "function": {"name": "terminal", "description": "Run a shell command",
                                             "parameters": {"type": "object",

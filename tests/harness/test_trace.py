@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from sao_harness.harness.store import TraceStore, read_shard, read_traces
 from sao_harness.harness.trace import EXCLUDED, REWARDED, SCHEMA, Status, TraceError, Trajectory, to_table
-
 from tests.support.traces import make_traj
 
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import yaml
+
 from sao_harness.core.config import ConfigError, Section
 from sao_harness.sao.cli import main
 from sao_harness.sao.config import MOVED_KEYS, Config, config_keys, config_table, load_config

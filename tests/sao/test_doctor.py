@@ -5,6 +5,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+
 from sao_harness.envs.config import DockerConfig
 from sao_harness.sao import doctor as d
 from sao_harness.sao.config import load_config

@@ -4,6 +4,7 @@ import math
 import re
 
 import pytest
+
 from sao_harness.sao import learn
 from sao_harness.sao.config import load_config
 from sao_harness.sao.learn import ARM_OVERRIDES, WARM, eval_resolved, headline

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from pydantic import Field
+
 from sao_harness.core.config import Section
 from sao_harness.sao.cli import build_parser
 from sao_harness.sao.config import Config, config_table

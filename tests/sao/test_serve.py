@@ -7,9 +7,9 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
+
 from sao_harness.harness.store import TraceStore, read_shard
 from sao_harness.harness.tiny_model import ensure_tiny_model
-
 from tests.support.proxy import start_sao_serve
 
 REPO = Path(__file__).resolve().parents[2]

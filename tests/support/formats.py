@@ -30,11 +30,12 @@ import io
 import json
 import tarfile
 
+from unidiff import PatchSet
+
 from sao_harness.envs.images import read_image_file
 from sao_harness.tasks.adapters import r2e_key, reverse_patch, swe_gym_image
 from sao_harness.tasks.evalscript import test_files
 from sao_harness.tasks.model import Task
-from unidiff import PatchSet
 
 GRADING = ("eval_script", "log_parser", "eval_type", "image")
 REPO_ONLY = ("split", "datasets", "difficulty")  # a task repo's own columns, no dataset's

@@ -4,11 +4,12 @@ from __future__ import annotations
 import random
 
 import torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
 from sao_harness.harness.trace import Segment, Trajectory
 from sao_harness.trainer.config import TrainerConfig
 from sao_harness.trainer.models import Critic
 from sao_harness.trainer.sao import SAOTrainer
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 VOCAB = 512
 

@@ -9,11 +9,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from sao_harness.tasks.suite import build_suite as gen
 from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
 from swebench.harness.utils import make_test_spec
 from swebench.task.checks import check_task_repo, errors, expected_image
 from swebench.task.repo import load_config, load_task_repo, task_paths
+
+from sao_harness.tasks.suite import build_suite as gen
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "tasks" / "bundled"

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from sao_harness.harness.trace import Status
 from sao_harness.tasks import specs
 from sao_harness.tasks.loaders import BUNDLED, load_tasks, tasks_from_config
-
 from tests.support.formats import FORMATS, SWE_GYM_SPEC, as_r2e_gym, with_gold
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -117,7 +117,6 @@ def test_r2e_gym_guarded_grade_runs_the_held_out_tests_and_catches_a_test_aware_
     node ids, and mutates them there: gold passes every test and fails every mutant; code that reads the
     calling test's source and returns what it expects passes the official run and gets 0."""
     from sao_harness.tasks.grade import grade
-
     from tests.tasks.test_grade_behaviour import KNOWS_THE_TESTS, init_patch
 
     source = bundled["sao-harness__minicfg-11"]

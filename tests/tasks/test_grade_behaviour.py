@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from sao_harness.tasks.applied import TreeChange, tree_findings
 from sao_harness.tasks.canary import CANARY, EXIT_STATUS, add_canaries, check
 from sao_harness.tasks.diffparse import file_changes
@@ -22,7 +23,6 @@ from sao_harness.tasks.grade_status import GradeStatus
 from sao_harness.tasks.guard import SIGNAL_KINDS, find_hacks, find_signals
 from sao_harness.tasks.hacks import HACK_MARK, append_patch, hack_patch, package_init
 from sao_harness.tasks.mutate import mutate
-
 from tests.tasks.test_grade_guard import FORGERS, SEPARATORS, DeadEngine, file_diff, hidden_by_separator
 
 
@@ -146,7 +146,6 @@ def bundled(project_root):
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
     from sao_harness.tasks.loaders import load_task_repo
-
     from tests.support.task_repos import TASK_IDS, make_task_repo
 
     return load_task_repo(make_task_repo(tmp_path_factory.mktemp("behaviour") / "repo", task_ids=TASK_IDS[:1]))[0]

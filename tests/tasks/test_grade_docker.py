@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-from sao_harness.sao.cli import main
 
+from sao_harness.sao.cli import main
 from tests.support.task_repos import TASK_IDS, make_task_repo, prediction, unapplicable_patch
 
 pytestmark = pytest.mark.docker
@@ -159,7 +159,6 @@ def test_grading_containers_have_no_network(tasks, tmp_path, monkeypatch):
     from sao_harness.tasks.grade import grade
     from sao_harness.tasks.grade_status import GradeStatus
     from sao_harness.tasks.hacks import append_patch
-
     from tests.support.task_repos import BASE_FILES
 
     t = tasks[TASK_IDS[0]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from sao_harness.tasks.clean_run import junit_key, parse_junit
 from sao_harness.tasks.diffparse import file_changes, unquote_c
 from sao_harness.tasks.grade import grade
@@ -25,7 +26,6 @@ from sao_harness.tasks.guard import (
 )
 from sao_harness.tasks.hacks import append_patch, hack_patch, package_patch, shadow_patch
 from sao_harness.tasks.loaders import load_task_repo
-
 from tests.support.task_repos import TASK_IDS, make_task_repo
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from sao_harness.envs.config import SandboxConfig
 from sao_harness.envs.limits import HARD_CAP_DRIVERS
 from sao_harness.sao.cli import main
@@ -130,7 +131,6 @@ def test_guard_fuzz_handful_through_docker(docker_engine, tasks, tmp_path):
     """A few generated variants end to end: each is resolved officially and gets 0; gold still gets 1."""
     from sao_harness.tasks.cli import read_image_file
     from sao_harness.tasks.hacks import hack_patch
-
     from tests.support.hack_variants import octal_quote, quoted
     from tests.tasks.test_grade_behaviour import FORGE_REPORT, fuzzy_context_patch, init_patch
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from sao_harness.core.errors import UserError
 from sao_harness.tasks.adapters import R2E_EPISODE_SETUP, R2E_TEST_CMD, detect, r2e_statuses
 from sao_harness.tasks.loaders import load_tasks, load_tasks_lenient
 from sao_harness.tasks.model import TaskError
 from sao_harness.tasks.preflight import usable_tasks
-
 from tests.support.task_repos import TASK_IDS, make_task_repo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"

@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from sao_harness.core.errors import UserError
 from sao_harness.sao.cli import main
 from sao_harness.tasks.loaders import load_task_repo, load_tasks, load_tasks_lenient
 from sao_harness.tasks.model import Task, TaskError
-
 from tests.support.task_repos import TASK_IDS, make_task_repo
 
 PATCH = "diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"

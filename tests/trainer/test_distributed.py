@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+
 from sao_harness.trainer import distributed
 from sao_harness.trainer.checkpoint import latest_checkpoint, read_state
 from sao_harness.trainer.config import TrainerConfig
@@ -22,7 +23,6 @@ from sao_harness.trainer.losses import whiten_advantages
 from sao_harness.trainer.metrics import read_metrics
 from sao_harness.trainer.models import Critic
 from sao_harness.trainer.sao import SAOTrainer
-
 from tests.support.trainer_data import synthetic_trajectories, tiny_policy, trajectory_with_break
 
 pytestmark = pytest.mark.slow
@@ -108,8 +108,9 @@ def test_power_averaging_per_rank_means_fails(runs):
 
 def test_the_sharded_checkpoint_resumes_a_single_process_trainer_exactly(runs):
     """The ranks' checkpoint format (trainer/checkpoint.py, sharded: policy/ + dcp/) in one process."""
-    from sao_harness.trainer import checkpoint
     from transformers import AutoModelForCausalLM
+
+    from sao_harness.trainer import checkpoint
 
     ref, path = runs["ref"], runs["right"]["path"]
     assert checkpoint.is_sharded(path)

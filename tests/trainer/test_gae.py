@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+
 from sao_harness.trainer.gae import (
     discounted_reverse_cumsum,
     gae_reference,

@@ -4,6 +4,15 @@ import re
 
 import pytest
 import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
 from sao_harness.core.config import ConfigError
 from sao_harness.sao.cli import main
 from sao_harness.sao.config import load_config
@@ -18,14 +27,6 @@ from sao_harness.trainer.gpu_plan import (
     trainer_memory,
 )
 from sao_harness.trainer.models import Critic, critic_freeze_patterns, freeze_parameters
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-    Qwen3MoeConfig,
-    Qwen3MoeForCausalLM,
-)
 
 SMALL = dict(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, head_dim=12)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 import sao_harness.trainer.objective as objective
 from sao_harness.harness.testbeds.toy import prompt, stake, targets, toy_reward
 from sao_harness.harness.trace import Segment, Trajectory
@@ -25,6 +26,7 @@ MIN_RISE = 0.2  # reward mean of the last 5 steps minus the first 5 (compare.sum
 @pytest.fixture(scope="module")
 def ray_session():
     import ray  # lazy: heavy
+
     from sao_harness.trainer.ray_utils import start_ray
 
     start_ray(None, log=lambda m: None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sao_harness.core.errors import UserError
 from sao_harness.harness import runner
 from sao_harness.harness.config import SamplingConfig

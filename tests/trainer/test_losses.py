@@ -6,6 +6,7 @@ import statistics
 
 import pytest
 import torch
+
 from sao_harness.trainer.losses import (
     RunningMeanBaseline,
     dis_policy_loss,

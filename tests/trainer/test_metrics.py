@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+
 from sao_harness.trainer.metrics import CONSOLE, FAMILIES, MetricsLogger, family, progress_line, read_metrics
 
 

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
 from sao_harness.trainer.models import (
     Critic,
     chunked_token_logprobs,
@@ -12,8 +15,6 @@ from sao_harness.trainer.models import (
     policy_token_logprobs,
     save_critic,
 )
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 
 def tiny_policy(seed=0, **overrides):

@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+
 from sao_harness.harness.config import SamplingConfig
 from sao_harness.harness.trace import Segment, Trajectory
 from sao_harness.trainer.batch import build_batch, micro_batches, pack
@@ -21,7 +22,6 @@ from sao_harness.trainer.distributed import split
 from sao_harness.trainer.losses import value_loss
 from sao_harness.trainer.models import PACKED_SDPA, policy_token_logprobs, use_packed_sdpa
 from sao_harness.trainer.objective import policy_loss, training_advantages, value_mask
-
 from tests.support.trainer_data import make_trainer, synthetic_trajectories
 
 BUDGET = 40  # tokens per packed micro-batch: 3-5 micro-batches of 2-4 trajectories each below

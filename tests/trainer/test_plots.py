@@ -5,6 +5,7 @@ import argparse
 import math
 
 import pytest
+
 from sao_harness.core.errors import UserError
 from sao_harness.trainer.metrics import MetricsLogger
 from sao_harness.trainer.plots import cmd_runs_plot, plot_run

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
+
 from sao_harness.harness.trace import Segment, Trajectory
 from sao_harness.trainer import checkpoint, sao
 from sao_harness.trainer.config import TrainerConfig
 from sao_harness.trainer.models import Critic, load_critic
 from sao_harness.trainer.precision import engine_weights
 from sao_harness.trainer.sao import SAOTrainer
-from transformers import AutoModelForCausalLM
-
 from tests.support.trainer_data import synthetic_trajectories, tiny_policy
 
 LR = 1e-6

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from sao_harness.harness.config import SamplingConfig
 from sao_harness.harness.trace import Segment, Status, Trajectory
 from sao_harness.trainer.batch import build_batch, micro_batches
@@ -14,7 +15,6 @@ from sao_harness.trainer.gae import gae_reference
 from sao_harness.trainer.metrics import FAMILIES, family
 from sao_harness.trainer.models import policy_token_logprobs
 from sao_harness.trainer.objective import compute_advantages, policy_loss
-
 from tests.support.trainer_data import make_trainer, synthetic_trajectories, trajectory_with_break  # noqa: E402
 
 

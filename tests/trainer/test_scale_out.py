@@ -18,6 +18,7 @@ from collections import Counter
 
 import pytest
 import torch
+
 from sao_harness.harness.engines.vllm_weights import pack, plan
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Status
@@ -70,6 +71,7 @@ def _digest(weights: dict) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def ray_session():
     import ray
+
     from sao_harness.trainer.ray_utils import start_ray
 
     start_ray(None, log=lambda m: None)
@@ -82,6 +84,7 @@ def test_two_replicas_get_identical_weights(ray_session, project_root, tmp_path,
     """Every publish lands the trainer's weights, identical, on both replicas; episodes go to both, and
     every trace records its replica."""
     import ray
+
     from sao_harness.trainer.loop import train
     from sao_harness.trainer.precision import engine_weights
 
@@ -111,6 +114,7 @@ def test_a_dead_replica_is_reported_and_replaced(ray_session, project_root, tmp_
     """A replica killed between publishes: reported, withdrawn, replaced at the current version; the run
     ends normally; the only infra errors are episodes that were on the dead replica."""
     import ray
+
     from sao_harness.trainer.loop import train
 
     cfg = sim_cfg(tmp_path, "dead-replica", project_root, "trainer.max_steps=4", "trainer.batch_size=4",

@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from sao_harness.core.errors import UserError
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Segment, Status, Trajectory
@@ -81,9 +82,10 @@ def test_max_length_comes_from_the_data_and_never_cuts_all_actions():
 
 @pytest.mark.slow
 def test_sao_sft_trains_action_tokens_and_writes_a_servable_model(tiny_model_dir, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from sao_harness.harness.engines import SamplingParams, make_engine
     from sao_harness.sao.cli import main
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     store = tmp_path / "r"
     TraceStore(store).write([traj(i) for i in range(4)] + [traj(9, reward=0.0)])

@@ -15,12 +15,12 @@ import random
 
 import pytest
 import torch
+
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Segment, Status, Trajectory
 from sao_harness.trainer import distributed, sft_dist
 from sao_harness.trainer.config import SFTConfig, TrainerConfig
 from sao_harness.trainer.metrics import family, read_metrics
-
 from tests.support.trainer_data import synthetic_trajectories
 
 pytestmark = pytest.mark.slow
@@ -161,8 +161,9 @@ def sft_trajectory(i: int) -> Trajectory:
 
 
 def test_sao_sft_on_two_ranks_writes_what_one_process_writes(tmp_path, tiny_model_dir):
-    from sao_harness.trainer.sft import load_sft_corpus, run_sft, to_examples
     from transformers import AutoModelForCausalLM
+
+    from sao_harness.trainer.sft import load_sft_corpus, run_sft, to_examples
 
     trajs = [sft_trajectory(i) for i in range(6)]
     TraceStore(tmp_path / "r").write(trajs)

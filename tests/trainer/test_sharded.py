@@ -15,12 +15,12 @@ import json
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
+
 from sao_harness.trainer import checkpoint, distributed, sharded
 from sao_harness.trainer.config import TrainerConfig
 from sao_harness.trainer.models import Critic
 from sao_harness.trainer.sao import SAOTrainer
-from transformers import AutoModelForCausalLM
-
 from tests.support.trainer_data import synthetic_trajectories
 
 pytestmark = pytest.mark.slow
@@ -238,7 +238,6 @@ def test_activation_checkpointing_switches_on_above_the_token_count():
     """trainer.checkpoint_above_tokens: each decoder layer is recomputed in backward only in a forward
     of more tokens than the threshold; the gradients are the same either way."""
     from sao_harness.trainer.precision import train_mode
-
     from tests.support.trainer_data import tiny_policy
 
     def grads(policy, ids):

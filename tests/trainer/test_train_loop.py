@@ -14,6 +14,7 @@ import time
 from collections import Counter
 
 import pytest
+
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import INFRA_ERRORS, Segment, Status, Trajectory
 from sao_harness.sao.config import load_config
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.slow  # Ray actors and whole training runs: 5-40 s each
 def ray_address(project_root):
     """One local Ray (127.0.0.1 only) for the module; runs in this process and in subprocesses join it."""
     import ray
+
     from sao_harness.trainer.ray_utils import start_ray
 
     start_ray(None, log=lambda m: None)
@@ -57,6 +59,7 @@ def test_async_versions_critic_steps_infra_errors_and_a_dead_worker(ray_address,
     per policy step; injected infra errors are counted and never reach the update; a rollout worker
     killed mid-run is reported and replaced."""
     import ray
+
     from sao_harness.trainer.loop import train
 
     cfg = sim_cfg(tmp_path, "async", project_root, "trainer.max_steps=4", "trainer.batch_size=4",
@@ -228,6 +231,7 @@ def test_an_engine_that_keeps_dying_ends_the_run_with_a_clear_error(ray_address,
     """A dead engine replica is reported and replaced (the run goes on); after 3 x engine.replicas
     deaths the run ends with a `LoopError` saying so."""
     import ray
+
     from sao_harness.trainer.loop import train
     from sao_harness.trainer.ray_utils import LoopError
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Status
 from sao_harness.trainer.checkpoint import latest_checkpoint, read_state

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
 from sao_harness.core.errors import UserError
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Segment, Status, Trajectory
@@ -28,7 +30,6 @@ from sao_harness.trainer.value_pretrain import (
     pretrain_critic,
     run_value_pretrain,
 )
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 ROOT = Path(__file__).resolve().parents[2]
 

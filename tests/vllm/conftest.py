@@ -37,9 +37,10 @@ class Served:
 
     def __init__(self, family: str):
         import torch
+        from transformers import AutoModelForCausalLM
+
         from sao_harness.harness.engines.vllm import VLLMEngine
         from sao_harness.harness.engines.vllm_testmodel import ensure_test_model
-        from transformers import AutoModelForCausalLM
 
         self.family = family
         self.path = ensure_test_model(CACHE, family)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+
 from sao_harness.harness.engines.protocol import EngineError, SamplingParams
 from sao_harness.harness.engines.sampling import sampling_logprobs
 from sao_harness.trainer.models import policy_token_logprobs

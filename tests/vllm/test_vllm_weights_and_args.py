@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+
 from sao_harness.harness.engines.vllm_args import check_vllm_args, shipped_fields
 from sao_harness.harness.engines.vllm_weights import pack, plan, to_checkpoint_names, unpack
 
