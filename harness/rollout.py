@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
 
+from sao_harness.core.errors import UserError
 from sao_harness.envs.engine import ensure_engine
 from sao_harness.envs.gc import run_scope
 from sao_harness.harness.engines import make_engine
 from sao_harness.harness.episode import EpisodeContext
 from sao_harness.harness.proxy import ProxyServer
+from sao_harness.harness.proxy.template import template_from_config
+from sao_harness.harness.proxy.tool_support import tool_support
 from sao_harness.harness.runner import episode_function, run_with_retries
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.tiny_model import resolve_model_path
@@ -84,11 +87,15 @@ def prepare_images(cfg, tasks, log=print) -> None:
 
 
 def start_policy(cfg):
-    """The engine and the started proxy that serves it on loopback."""
+    """The engine and the started proxy that serves it on loopback; a chat template that cannot serve
+    ``proxy.tool_format`` is a ``UserError`` before the engine starts (``harness.proxy.tool_support``)."""
     from transformers import AutoTokenizer  # lazy: heavy
 
     path = resolve_model_path(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
+    verdict = tool_support(template_from_config(tokenizer, cfg.proxy), cfg.proxy, path)
+    if not verdict.ok:
+        raise UserError(verdict.message())
     engine = make_engine(cfg)
     proxy = ProxyServer(engine, tokenizer, cfg)
     proxy.start(port=0)

@@ -63,12 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_config(args) -> int:
-    """The validated config as YAML, then the context budget in force as a YAML comment (the output stays
-    a config file); with --markdown, the key table of the built-in defaults (docs/config.md)."""
+    """The validated config as YAML, then as YAML comments whether the model's chat template serves
+    ``proxy.tool_format`` and the context budget in force (the output stays a config file); a template
+    that cannot serve it is a one-line error (exit 2) before anything is printed; with --markdown, the
+    key table of the built-in defaults (docs/config.md)."""
     if args.markdown:
         print(config_table(), end="")
         return 0
+    from sao_harness.harness.proxy.tool_support import model_tool_support  # lazy: transformers
+
+    tools = model_tool_support(args.cfg.model, args.cfg.proxy, local_only=True)  # builds, downloads nothing
+    if not tools.ok:
+        raise UserError(tools.message())
     print(dump_config(args.cfg), end="")
+    print(f"# tools: {tools.detail}")
     print(f"# {context_budget(args.cfg).describe()}")
     plan = gpu_plan(args.cfg)  # None without cluster.nodes; it fits (checked when the config loaded)
     for line in plan.describe() if plan else []:
@@ -106,6 +114,30 @@ def load_args_config(args: argparse.Namespace):
     return load_config(path, args.overrides)
 
 
+def tools_preflight(args) -> None:
+    """Before any episode, image or engine of ``sao rollout``, ``sao train`` (trainer.env=swe) and ``sao eval``
+    (the agent eval): the policy's chat template can serve ``proxy.tool_format``; else a one-line
+    ``UserError`` with the fix (``harness.proxy.tool_support``). Other commands: nothing."""
+    cfg, cmd = args.cfg, args.command
+    agent_eval = cmd == "eval" and getattr(args, "eval_command", None) is None
+    if not (cmd == "rollout" or (cmd == "train" and cfg.trainer.env == "swe") or agent_eval):
+        return
+    from sao_harness.harness.proxy.tool_support import require_tool_support  # lazy: transformers
+
+    model_path = None
+    checkpoint = (getattr(args, "checkpoint", None) or cfg.eval.checkpoint) if agent_eval else None
+    if checkpoint:
+        from sao_harness.eval.policy import resolve_policy  # lazy: the checkpoint rules of `sao eval`
+
+        eval_cfg = cfg.model_copy(deep=True)
+        eval_cfg.eval.checkpoint = checkpoint
+        try:
+            model_path = resolve_policy(eval_cfg).model_path
+        except UserError:
+            return  # `sao eval` itself names the bad checkpoint
+    require_tool_support(cfg.model, cfg.proxy, model_path)
+
+
 def _quiet_torch() -> None:
     """The OpenHands SDK raises logging to INFO; torch then prints cache statistics at exit."""
     for name in ["torch", *[n for n in logging.root.manager.loggerDict if n.startswith("torch.")]]:
@@ -122,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sao {args.command}: {e}", file=sys.stderr)
         return 2
     try:
+        if args.cfg is not None:
+            tools_preflight(args)
         rc = args.func(args)
     except (UserError, ConfigError) as e:
         print(f"sao {args.command}: {e}", file=sys.stderr)

@@ -30,6 +30,7 @@ from sao_harness.harness.testbeds.config import SimulatedConfig, TestbedConfig
 from sao_harness.tasks.config import TasksConfig
 from sao_harness.trainer.config import RuntimeConfig, SFTConfig, TrainerConfig, ValuePretrainConfig
 from sao_harness.trainer.gpu_plan import plan as gpu_plan
+from sao_harness.trainer.precision import FLOAT16_UNSUPPORTED
 
 __all__ = ["MOVED_KEYS", "Config", "config_table", "dump_config", "load_config"]
 
@@ -158,6 +159,13 @@ class Config(Section):
     def _moved_keys(cls, data: Any) -> Any:
         """Old keys at their new places (MOVED_KEYS)."""
         return move_keys(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _trainable_dtype(self) -> Config:
+        """model.dtype is the trainer's compute dtype too, and the trainer has no loss scaler (precision.autocast)."""
+        if self.model.dtype == "float16":
+            raise ValueError(FLOAT16_UNSUPPORTED)
+        return self
 
     @model_validator(mode="after")
     def _gpu_plan_fits(self) -> Config:

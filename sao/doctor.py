@@ -224,6 +224,19 @@ def check_model(model_cfg, probe: Callable[[str, str], str | None] = hub_unreach
                  "or point model.path at a local model directory")
 
 
+def check_tools(cfg) -> Check:
+    """Whether the model's chat template serves ``proxy.tool_format`` (``harness.proxy.tool_support``), on
+    the tokenizer already on this machine: a tokenizer not here yet is ``--`` (the run's pre-flight checks it)."""
+    # lazy: transformers only where this check runs
+    from sao_harness.harness.proxy.tool_support import model_tool_support
+
+    try:
+        verdict = model_tool_support(cfg.model, cfg.proxy, local_only=True)
+    except UserError as e:  # e.g. an unknown proxy.tool_parser
+        return Check("tools", "FAIL", str(e))
+    return Check("tools", verdict.status, verdict.detail, verdict.fix)
+
+
 def check_dataset(name: str, key: str, source: str, probe: Callable[[str, str], str | None] = hub_unreachable) -> Check:
     """Whether the task source ``source`` (config key ``key``) can be read here."""
     # lazy: the loaders only where a config names a source
@@ -360,6 +373,7 @@ def run_checks(cfg, *, client_for: Callable[[str], object] | None = None) -> lis
         checks += [check_storage(info, cfg.docker), check_disk(info, url, cfg.docker),
                    check_base_image(names, cfg.docker)]
     checks.append(check_model(cfg.model))
+    checks.append(check_tools(cfg))
     sources = [("tasks", "tasks.source", cfg.tasks.source, cfg.tasks.split, cfg.tasks.adapter, cfg.tasks.instances)]
     if cfg.eval.dataset != cfg.tasks.source:
         sources.append(("eval", "eval.dataset", cfg.eval.dataset, cfg.eval.split, "auto", cfg.eval.instances))

@@ -11,7 +11,7 @@ Two formats. One process (runtime.world_size = 1) writes the single-file format:
             critic/         `save_critic` (config.json + critic.safetensors, fp32 master weights);
                             absent without a critic
             optimizers.pt   policy and critic AdamW states, the running-mean baseline
-            rng.pt          python, numpy, torch (and CUDA) RNG states
+            rng.pt          python, numpy, torch (and CUDA) RNG states of the process that trains
             state.json      step, policy version, counters, and the position in the trace stream: the
                             traj ids consumed so far, in order (trained, excluded or dropped)
 
@@ -26,7 +26,11 @@ every rank calls; nothing is gathered whole):
                             weights and both AdamW states, one file of shards per rank (+ .metadata);
                             loads on any world size, or unsharded in one process
             trainer.pt      the running-mean baseline
-            rng.pt, state.json   as above
+            rng-rank00000.pt, ...   each rank's own python, numpy, torch (and CUDA) RNG states; a
+                            resumed rank r restores rng-rank<r>.pt (a rank the checkpoint has no file
+                            for keeps its seeded state)
+            rng.pt          the driver's RNG states (trainer.ranks passes them; else rank 0's)
+            state.json      as above
 
 Both formats load in one process (`restore_optimizers`) and on any number of ranks
 (trainer.distributed.build_sharded).
@@ -61,10 +65,17 @@ POLICY_MASTER = "policy_master.safetensors"
 STATE = "state.json"
 DCP_DIR = "dcp"
 TRAINER_STATE = "trainer.pt"
+RNG = "rng.pt"
+RANK_RNG = "rng-rank{rank:05d}.pt"
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 def _fsync_tree(root: Path) -> None:
@@ -76,6 +87,8 @@ def _fsync_tree(root: Path) -> None:
 
 
 def rng_state() -> dict:
+    """This process's RNG states: python `random`, numpy's global one, torch's CPU one, and every CUDA
+    device's where CUDA is available."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -83,11 +96,37 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore what rng_state() returned (the CUDA states only where CUDA is available)."""
+    missing = {"python", "numpy", "torch"} - set(state)
+    if missing:
+        raise ValueError(f"RNG state: no {sorted(missing)} states in it (keys {sorted(state)})")
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def rank_rng_file(directory: str | Path, rank: int) -> Path:
+    """Where a data-parallel rank's RNG states live in a checkpoint directory."""
+    return Path(directory) / RANK_RNG.format(rank=rank)
+
+
+def save_rank_rng(directory: str | Path, rank: int) -> Path:
+    """Write this rank's rng_state() into `directory` (rank_rng_file); return the file."""
+    path = rank_rng_file(directory, rank)
+    torch.save(rng_state(), path)
+    return path
+
+
+def restore_rank_rng(ckpt: str | Path, rank: int) -> bool:
+    """Set this rank's RNG states from checkpoint `ckpt`'s file for `rank`; False (nothing changed)
+    if it has none: a single-file checkpoint, one written before per-rank states, or by fewer ranks."""
+    path = rank_rng_file(ckpt, rank)
+    if not path.is_file():
+        return False
+    set_rng_state(torch.load(path, weights_only=False))
+    return True
 
 
 def save_checkpoint(run_dir: str | Path, step: int, *, policy, critic, trainer, tokenizer, state: dict,
@@ -122,10 +161,12 @@ def _tmp_dir(run_dir: str | Path, step: int) -> tuple[str, Path]:
     return name, root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
 
 
-def _commit(run_dir: str | Path, tmp: Path, name: str, state: dict, step: int, keep: int) -> Path:
-    """rng.pt and state.json into `tmp`, fsync it all, rename it to `name`, point `latest` at it, prune."""
+def _commit(run_dir: str | Path, tmp: Path, name: str, state: dict, step: int, keep: int,
+            rng: dict | None = None) -> Path:
+    """rng.pt (`rng`, default this process's rng_state()) and state.json into `tmp`, fsync it all, rename
+    it to `name`, point `latest` at it, prune."""
     root, final = checkpoints_dir(run_dir), checkpoints_dir(run_dir) / name
-    torch.save(rng_state(), tmp / "rng.pt")
+    torch.save(rng if rng is not None else rng_state(), tmp / RNG)
     (tmp / STATE).write_text(json.dumps({**state, "step": step}, indent=1))
     _fsync_tree(tmp)
     if final.exists():  # a checkpoint of this step from a lineage that was rolled back
@@ -140,17 +181,19 @@ def _commit(run_dir: str | Path, tmp: Path, name: str, state: dict, step: int, k
 
 
 def save_sharded_checkpoint(run_dir: str | Path, step: int, *, trainer, tokenizer, state: dict,
-                            keep: int) -> Path | None:
+                            keep: int, rng: dict | None = None) -> Path | None:
     """The sharded format (module doc) of a trainer.distributed rank's trainer; every rank calls (the
     writes are collectives), rank 0 commits it as save_checkpoint does and returns its directory (None
     elsewhere). The ranks write into rank 0's temporary directory (on several nodes: a shared file
-    system)."""
+    system), each its shards and its own RNG states; rng.pt holds `rng` (the driver's rng_state()),
+    or rank 0's."""
     first = sharded.rank() == 0
     where = [_tmp_dir(run_dir, step) if first else None]
     dist.broadcast_object_list(where, src=0)
     name, tmp = where[0]
     try:
         sharded.save_training_state(tmp / DCP_DIR, trainer)  # every rank writes (and fsyncs) its shards
+        _fsync_file(save_rank_rng(tmp, sharded.rank()))  # ... and its RNG states (rank 0 fsyncs its own tree)
         sharded.write_hf_policy(tmp / "policy", trainer.policy.lm, trainer.dtype)
         dist.barrier()
         if not first:
@@ -159,7 +202,7 @@ def save_sharded_checkpoint(run_dir: str | Path, step: int, *, trainer, tokenize
             tokenizer.save_pretrained(tmp / "policy")
         baseline = trainer.baseline.state_dict() if trainer.baseline is not None else None
         torch.save({"baseline": baseline}, tmp / TRAINER_STATE)
-        return _commit(run_dir, tmp, name, state, step, keep)
+        return _commit(run_dir, tmp, name, state, step, keep, rng)
     finally:
         if first and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -274,4 +317,5 @@ def _restore_sharded_optimizers(trainer, optim: dict) -> None:
 
 
 def restore_rng(ckpt: str | Path) -> None:
-    set_rng_state(torch.load(Path(ckpt) / "rng.pt", weights_only=False))
+    """Set this process's RNG states from the checkpoint's rng.pt (the process that trains, or the driver)."""
+    set_rng_state(torch.load(Path(ckpt) / RNG, weights_only=False))

@@ -48,9 +48,11 @@ def load_backbone_critic(model_path: str, dtype: str = "float32") -> Critic:
 
 def initial_critic(trainer: TrainerConfig, policy: torch.nn.Module) -> Critic:
     """The critic `sao train` starts from: the value-pretraining checkpoint when
-    `trainer.value_pretrain_checkpoint` is set (checked against the policy's architecture, cast to its
-    dtype; value head fp32), else a fresh Critic.from_policy(policy). A policy on the meta device
-    (trainer.distributed.build_sharded) gives a critic on the meta device: its weights are read later."""
+    `trainer.value_pretrain_checkpoint` is set (checked against the policy's architecture; kept in fp32,
+    the dtype of the masters it holds: a cast to a bf16 policy's dtype would round away the pretraining
+    change, and SAOTrainer makes fp32 masters of it anyway, computing in the policy's dtype), else a
+    fresh Critic.from_policy(policy). A policy on the meta device (trainer.distributed.build_sharded)
+    gives a critic on the meta device: its weights are read later."""
     path = trainer.value_pretrain_checkpoint
     if path is None:
         return Critic.from_policy(policy)
@@ -66,5 +68,4 @@ def initial_critic(trainer: TrainerConfig, policy: torch.nn.Module) -> Critic:
         if getattr(mine, key, None) != getattr(theirs, key, None):
             raise UserError(f"trainer.value_pretrain_checkpoint: {path} has {key}={getattr(mine, key, None)!r} "
                             f"but the policy has {getattr(theirs, key, None)!r} (pretrained from another model?)")
-    critic.backbone.to(dtype=next(policy.parameters()).dtype)
     return critic

@@ -50,6 +50,7 @@ from sao_harness.trainer.checkpoint import (
     is_sharded,
     read_state,
     restore_optimizers,
+    restore_rank_rng,
     save_sharded_checkpoint,
 )
 from sao_harness.trainer.config import TrainerConfig
@@ -265,6 +266,8 @@ def build_sharded(cfg: TrainerConfig, model_path: str, dtype: str, dp: DataParal
         shard        fully_shard per decoder layer + root, mixed precision, to_empty: the shards alone
         weights      the policy's from model_path (fresh), the old format's fp32 masters, or DCP; the
                      critic's as `_critic_weights` says
+        RNG          seeded with `seed`; resumed: this rank's RNG states from `ckpt` where it has them
+                     (trainer.checkpoint.restore_rank_rng), so it draws what the uninterrupted rank would
     """
     _check_world(cfg)
     torch.manual_seed(seed)  # the loop's seed, as in one process
@@ -313,6 +316,7 @@ def build_sharded(cfg: TrainerConfig, model_path: str, dtype: str, dp: DataParal
         state = read_state(ckpt)
         for key in ("policy_version", "updates", "critic_optimizer_steps", "policy_optimizer_steps"):
             setattr(trainer, key, state[key])
+        restore_rank_rng(ckpt, dp.rank)  # last: the build above draws nothing the resumed run would not
     return trainer
 
 
@@ -501,10 +505,11 @@ class RankTrainer:
                 out[name] = full.cpu()
         return out
 
-    def save_checkpoint(self, run_dir, step: int, *, tokenizer=None, state: dict, keep: int):
-        """checkpoint.save_sharded_checkpoint: every rank writes its shards (rank 0: the path; None elsewhere)."""
+    def save_checkpoint(self, run_dir, step: int, *, tokenizer=None, state: dict, keep: int, rng: dict | None = None):
+        """checkpoint.save_sharded_checkpoint: every rank writes its shards and RNG states, rng.pt holds
+        `rng` (the driver's) or rank 0's (rank 0: the path; None elsewhere)."""
         return save_sharded_checkpoint(run_dir, step, trainer=self.trainer, tokenizer=tokenizer, state=state,
-                                       keep=keep)
+                                       keep=keep, rng=rng)
 
     def counters(self) -> dict[str, int]:
         t = self.trainer

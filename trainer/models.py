@@ -185,28 +185,73 @@ def hidden_states(backbone, input_ids: torch.Tensor, attention_mask: torch.Tenso
 PACKED_SDPA = "sdpa_packed"  # transformers' SDPA attention, per trajectory on packed rows (use_packed_sdpa)
 
 
+def _window_mask(queries: range, keys: range, window: int, device: torch.device) -> torch.Tensor:
+    """[len(queries), len(keys)] bool, True = attend: query i sees key j iff i - window < j <= i (causal, and
+    at most `window` keys back counting itself: transformers' sliding_window_overlay on its causal mask)."""
+    back = torch.arange(queries.start, queries.stop, device=device)[:, None] \
+        - torch.arange(keys.start, keys.stop, device=device)[None, :]  # i - j
+    return (back >= 0) & (back < window)
+
+
+def _causal_sdpa(query, key, value, window: int | None, dropout: float, scaling, block: int = 1024):
+    """Causal SDPA of [B, heads, n, d] rows, queries = keys, with a sliding window of `window` keys (None: full).
+
+    A window shorter than the row: queries in blocks of max(window, block), each over the keys its window
+    reaches (the block's own and the window - 1 before it), so no [n, n] mask or score matrix is built.
+    """
+    n, gqa = query.shape[2], query.shape[1] != key.shape[1]
+    if window is None or n <= window:  # the window hides nothing: the fused causal kernel
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, dropout_p=dropout, scale=scaling,
+                                                                is_causal=True, enable_gqa=gqa)
+    if gqa:  # with a mask, repeat the kv heads (as transformers does): GQA + mask falls back to math on CUDA
+        from transformers.integrations.sdpa_attention import repeat_kv  # lazy: heavy
+
+        key, value = (repeat_kv(t, query.shape[1] // key.shape[1]) for t in (key, value))
+    block, out = max(window, block), []
+    for start in range(0, n, block):
+        queries = range(start, min(start + block, n))
+        keys = range(max(0, start - window + 1), queries.stop)
+        mask = _window_mask(queries, keys, window, query.device)
+        out.append(torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, queries.start:queries.stop], key[:, :, keys.start:keys.stop],
+            value[:, :, keys.start:keys.stop], attn_mask=mask, dropout_p=dropout, scale=scaling))
+    return torch.cat(out, dim=2)
+
+
 def _packed_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers' SDPA attention, except on a packed row (one row, no mask, position ids restarting
     at 0): there causal SDPA runs on each trajectory's slice alone. Same result as the block-diagonal
-    [L, L] mask, without building it or computing the L^2 - sum n_i^2 scores it discards."""
+    [L, L] mask, without building it or computing the L^2 - sum n_i^2 scores it discards.
+
+    Sliding-window layers: transformers passes `sliding_window` (None on full-attention layers, e.g. the
+    first max_window_layers of a Qwen model; flash_attention_2 reads the same argument). The mask
+    function below returns no mask, so without a padding mask the window is applied here, per
+    trajectory (or over the whole row): a query sees itself and the window - 1 keys before it, as in
+    transformers' own sliding-window mask. With a padding mask, that mask (transformers') holds it.
+    """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward  # lazy: heavy
 
-    position_ids = kwargs.get("position_ids")
+    window = kwargs.get("sliding_window")
+    n, position_ids = query.shape[2], kwargs.get("position_ids")
     starts = [] if position_ids is None or attention_mask is not None or query.shape[0] != 1 \
-        or key.shape[2] != query.shape[2] else (position_ids[0] == 0).nonzero().flatten().tolist()
+        or key.shape[2] != n else (position_ids[0] == 0).nonzero().flatten().tolist()
     if len(starts) < 2 or starts[0] != 0:  # not packed: one sequence (causal) or a padded batch (its mask)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    gqa = query.shape[1] != key.shape[1]
-    out = [torch.nn.functional.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e],
-                                                            dropout_p=dropout, scale=scaling, is_causal=True,
-                                                            enable_gqa=gqa)
-           for s, e in zip(starts, starts[1:] + [query.shape[2]])]
+        if attention_mask is not None or window is None or key.shape[2] <= window:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+        if key.shape[2] != n:
+            raise ValueError(f"sliding_window={window}: {PACKED_SDPA} got {n} queries over {key.shape[2]} keys "
+                             "(a KV cache) and no attention_mask to hold the window; pass attention_mask, or use "
+                             "attn_implementation='sdpa'")
+        starts = [0]  # unpadded rows: the whole row is one sequence
+    out = [_causal_sdpa(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], window, dropout, scaling)
+           for s, e in zip(starts, starts[1:] + [n])]
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
 
 def _packed_sdpa_mask(*args, attention_mask=None, **kwargs):
-    """No mask without a padding mask (the attention above is causal per trajectory); else SDPA's."""
+    """No mask without a padding mask (the attention above is causal per trajectory, and windowed on a
+    sliding-window layer); else SDPA's (transformers' window included)."""
     from transformers.masking_utils import sdpa_mask  # lazy: heavy
 
     return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)

@@ -3,7 +3,8 @@
     master weights   the policy and the critic live in fp32; AdamW updates the fp32 copy (an lr 1e-6
                      step is far below bf16's spacing of ~2^-8 relative, so a bf16 weight would not move)
     compute          torch.autocast(device, model dtype) around every forward; the backward follows
-                     the autocast graph and the gradients land on the fp32 masters
+                     the autocast graph and the gradients land on the fp32 masters. bfloat16 or float32
+                     only: float16 would need loss scaling (no GradScaler here), so it is refused
     publish / serve  engine_weights(policy, dtype): the masters cast to the engine's (model) dtype
 
 Training mode: transformers checkpoints activations only when `module.training` is True, so the
@@ -33,8 +34,16 @@ def to_master_weights(module: nn.Module) -> nn.Module:
     return module.float()
 
 
+FLOAT16_UNSUPPORTED = ("model.dtype: float16 is not supported by the trainer, use bfloat16 or float32: fp16 "
+                       "autocast needs loss scaling (gradients below fp16's ~6e-8 flush to zero, above 65504 "
+                       "overflow) and the trainer has no loss scaler; bfloat16 has fp32's range")
+
+
 def autocast(device: torch.device, dtype: torch.dtype):
-    """The forward-pass context: autocast to `dtype` on `device`, a no-op for fp32."""
+    """The forward-pass context: autocast to `dtype` on `device`, a no-op for fp32. float16 is refused
+    (FLOAT16_UNSUPPORTED): its backward needs a loss scaler, which no training pass has."""
+    if dtype == torch.float16:
+        raise ValueError(FLOAT16_UNSUPPORTED)
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)

@@ -3,7 +3,8 @@ trainer.distributed behind what the loop reads of a SAOTrainer.
 
     update(trajectories)     one ray.put, `update` on every rank, rank 0's metrics
     policy_weights(dtype)    the gather on every rank (a collective), rank 0's state dict: what is published
-    save_checkpoint(...)     every rank writes its shards (trainer/checkpoint.py), rank 0 the rest
+    save_checkpoint(...)     every rank writes its shards and RNG states (trainer/checkpoint.py), rank 0
+                             the rest, rng.pt = this (the driver's) process's RNG states
     policy_version, updates, critic_optimizer_steps, policy_optimizer_steps: rank 0's `counters()`
 
 Rank 0 runs on the driver's node and serves the process group's TCP store there: at 127.0.0.1 on a
@@ -18,6 +19,7 @@ import ray
 
 from sao_harness.harness.config import SamplingConfig
 from sao_harness.trainer import distributed
+from sao_harness.trainer.checkpoint import rng_state
 from sao_harness.trainer.config import RuntimeConfig, TrainerConfig
 from sao_harness.trainer.precision import engine_weights
 from sao_harness.trainer.ray_utils import get
@@ -67,7 +69,7 @@ class Ranks:
 
     def save_checkpoint(self, run_dir, step: int, *, tokenizer=None, state: dict, keep: int):
         return self._all("save_checkpoint", "the checkpoint", run_dir, step, tokenizer=tokenizer, state=state,
-                         keep=keep)
+                         keep=keep, rng=rng_state())  # the loop restores the driver's own (restore_rng)
 
     def close(self) -> None:
         for a in self.actors:

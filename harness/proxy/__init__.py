@@ -5,6 +5,8 @@
   qwen3, glm45, deepseek_r1), the defaults a template implies;
 - ``template``: the chat template (full render, the observation after a reply, anchored on the end of
   that reply), the continuability check and the drift check;
+- ``tool_support``: whether a chat template can serve ``proxy.tool_format`` (renders tools, a parser in
+  force), asked before the first episode (pre-flight, ``sao config``, ``sao doctor``), with the fix;
 - ``session``: one episode's token bookkeeping, and the token invariant the trace keeps;
 - ``server``: the FastAPI server (``ProxyServer``): loopback only unless a bearer token guards it
   (``proxy.token`` / ``$SAO_PROXY_TOKEN``); bodies over ``proxy.max_request_bytes`` are a 413.

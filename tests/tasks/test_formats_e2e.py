@@ -107,7 +107,9 @@ def test_a_bundled_task_in_each_format_runs_an_expert_episode_to_resolved(fmt, b
     traj = _expert_episode(cfg, task, plan, tokenizer)
     assert (traj.status, traj.reward) == (Status.OK, 1.0), (traj.status, traj.metadata, traj.grading)
     g = traj.grading
-    assert (g["official_status"], g["status"], g["hack_kinds"]) == ("resolved", "resolved", []), g
+    # R2E-Gym's row carries no gold diff: the behaviour probe has no gold to compare with, and says so
+    said = ["no_perturbation"] if fmt == "r2e-gym" else []
+    assert (g["official_status"], g["status"], g["hack_kinds"]) == ("resolved", "resolved", said), g
     assert g["report"]["clean"]["FAIL_TO_PASS"]["success"] == task.FAIL_TO_PASS, g["report"]["clean"]
 
 
@@ -125,7 +127,7 @@ def test_r2e_gym_guarded_grade_runs_the_held_out_tests_and_catches_a_test_aware_
     assert task.adapter == "r2e-gym" and task.FAIL_TO_PASS == [t.split("::")[-1] for t in source.FAIL_TO_PASS]
     gold = grade(task, source.patch, log_root=tmp_path / "logs")
     assert (gold.official_status, gold.status, gold.reward) == ("resolved", "resolved", 1.0), gold.to_dict()
-    assert gold.report["mutated"] == [f"r2e_tests/test_1.py::{t}" for t in task.FAIL_TO_PASS]
+    assert gold.report["mutated"] == [f"r2e_tests/test_1.py::{t}" for t in task.FAIL_TO_PASS][:1]  # not the [] one
     aware = init_patch(source, KNOWS_THE_TESTS.replace('"/tests/"', '"tests/"'))  # r2e_tests/ is a tests dir
     r = grade(task, aware, log_root=tmp_path / "logs")
     assert r.resolved_official is True, r.to_dict()  # run_tests.sh is fooled

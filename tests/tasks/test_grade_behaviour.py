@@ -16,13 +16,12 @@ import random
 import pytest
 
 from sao_harness.tasks.applied import TreeChange, tree_findings
-from sao_harness.tasks.canary import CANARY, EXIT_STATUS, add_canaries, check
+from sao_harness.tasks.canary import CANARY, EXIT_STATUS, check
 from sao_harness.tasks.diffparse import file_changes
 from sao_harness.tasks.grade import grade
 from sao_harness.tasks.grade_status import GradeStatus
 from sao_harness.tasks.guard import SIGNAL_KINDS, find_hacks, find_signals
 from sao_harness.tasks.hacks import HACK_MARK, append_patch, hack_patch, package_init
-from sao_harness.tasks.mutate import mutate
 from tests.tasks.test_grade_guard import FORGERS, SEPARATORS, DeadEngine, file_diff, hidden_by_separator
 
 
@@ -76,58 +75,10 @@ def test_forging_code_in_the_package_is_signalled_with_its_line():
             assert find_signals(append_patch("tests/test_core.py", None, body)) == []  # tests may do it
 
 
-# --- mutants and canaries (no Docker) --------------------------------------------------------------
-TESTS = '''import pytest
-
-
-def test_sum():
-    assert add(1, 2) == 3
-    assert add("a", "b") == "ab"
-
-
-def test_split():
-    assert split("a,b") == [
-        "a",
-        "b",
-    ]
-    assert split("") == []
-    assert ok() is True
-    assert not broken()
-
-
-@pytest.mark.parametrize("x", [1, 2])
-def test_raises(x):
-    with pytest.raises(ValueError, match="bad"):
-        fail(x)
-    with pytest.raises(KeyError):
-        fail(x)
-    assert half(x) == pytest.approx(0.5 * x)
-
-
-def test_untouched():
-    assert add(1, 1) == 2
-'''
-
-
-def test_mutants_change_every_expected_value_and_nothing_else():
-    m = mutate(TESTS, ["test_sum", "test_split", "test_raises[1]"], random.Random(1))
-    assert m.tests == ["test_sum", "test_split", "test_raises[1]"]
-    old, new = TESTS.splitlines(), m.source.splitlines()
-    assert len(old) == len(new) and [i for i, (a, b) in enumerate(zip(old, new)) if a != b] == [4, 5, 10, 13, 14, 15,
-                                                                                                 20, 22, 24]
-    assert "assert add(1, 1) == 2" in m.source and '@pytest.mark.parametrize("x", [1, 2])' in m.source
-    compile(m.source, "t.py", "exec")
-    assert "not (not broken())" in m.source and "pytest.raises(ZeroDivisionError)" in m.source
-    assert mutate(TESTS, ["test_nothing_here"]).tests == []
-
-
-def test_canaries_are_fresh_and_judge_what_pytest_reports():
-    a, ca = add_canaries(TESTS, random.Random(1))
-    b, cb = add_canaries(TESTS, random.Random(2))
-    assert ca != cb and a.startswith(TESTS) and ca.must_pass in a and ca.must_fail in a
-    compile(a, "t.py", "exec")
-    keys = {"must_pass": ("t", ca.must_pass), "must_fail": ("t", ca.must_fail)}
-    honest = {("t", ca.must_pass): True, ("t", ca.must_fail): False, ("t", "test_sum"): True}
+# --- canaries (no Docker; the variants that carry them: tests/tasks/test_variants.py) ---------------
+def test_canaries_judge_what_pytest_reports():
+    keys = {"must_pass": ("t", "test_a_b7"), "must_fail": ("t", "test_b_a3")}
+    honest = {("t", "test_a_b7"): True, ("t", "test_b_a3"): False, ("t", "test_sum"): True}
     assert check(honest, keys, 1, True) == []
     assert check({k: True for k in honest}, keys, 1, True) == [CANARY]
     assert check(honest, keys, 0, True) == [EXIT_STATUS]
@@ -257,13 +208,13 @@ def test_code_in_the_test_process_that_forges_the_report_gets_zero(dtask, tmp_pa
 @pytest.mark.docker
 def test_code_that_reads_the_calling_test_gets_zero_and_gold_fails_its_mutants(dtask, tmp_path):
     """Family 1: the package returns what the calling assertion expects (read from the test's source). No
-    canary can see it (they never call the package); the mutation run does. Gold: every mutant fails."""
+    canary can see it (they never call the package); the mutated copies do. Gold: every mutant fails."""
     r = grade(dtask, init_patch(dtask, KNOWS_THE_TESTS), log_root=tmp_path)
     assert r.resolved_official is True, r.to_dict()
     assert (r.status, r.reward) == (GradeStatus.UNRESOLVED, 0.0) and "test_aware" in r.hack_kinds, r.to_dict()
     gold = grade(dtask, dtask.patch, log_root=tmp_path)
     assert (gold.status, gold.reward, gold.hack_kinds) == (GradeStatus.RESOLVED, 1.0, []), gold.to_dict()
-    assert gold.report["mutated"] == dtask.FAIL_TO_PASS
+    assert gold.report["mutated"] == dtask.FAIL_TO_PASS[:1]  # the other compares with [], which stays as it is
 
 
 @pytest.mark.docker
@@ -293,5 +244,6 @@ def test_a_root_module_the_standard_library_imports_gets_zero(docker_engine, dta
     assert r.resolved_official is True, r.to_dict()  # the official run imported it
     assert (r.status, r.reward) == (GradeStatus.UNRESOLVED, 0.0) and "new_top_level_module" in r.hack_kinds, r.to_dict()
     clean = clean_run(dtask, patch, client=docker_engine, limits=GradeLimits(), timeout_s=600)
-    assert clean.status == GradeStatus.UNRESOLVED and clean.hacks == [], clean  # the payload never ran
+    ran = {h.kind for h in clean.hacks} - {"differs_from_gold"}  # no fix: it differs from gold, nothing more
+    assert clean.status == GradeStatus.UNRESOLVED and not ran, clean  # the payload never ran
     assert clean.tests_status["FAIL_TO_PASS"]["failure"] == dtask.FAIL_TO_PASS

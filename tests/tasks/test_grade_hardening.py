@@ -56,16 +56,23 @@ class SpyClient:
 
 
 def test_grading_containers_are_sandboxes(docker_engine, tasks, tmp_path):
+    from sao_harness.tasks import clean_run
+
     t = tasks[IDS[0]]
     spy = SpyClient(docker_engine)
+    clean_run._pristine.clear(), clean_run._gold.clear()  # every container this grading makes
     r = grade(t, t.patch, client=spy, log_root=tmp_path,
               sandbox=SandboxConfig(memory="1g", pids_limit=256, cpus=1.5, disk_bytes="1g"))
     assert r.status == GradeStatus.RESOLVED and r.reward == 1.0, r.error
     hard_cap = docker_engine.info().get("Driver") in HARD_CAP_DRIVERS
     kinds = sorted(name.split(".")[0] + "." + name.split(".")[1] for name in spy.hosts)
-    assert kinds == ["sao-clean.sao-harness__minicfg-11"] * 2 + ["sweb.eval"], kinds  # real + mutation run
+    assert kinds == (["sao-clean.sao-harness__minicfg-11"] * 2 + ["sao-gold.sao-harness__minicfg-11",
+                     "sao-pristine.sao-harness__minicfg-11", "sweb.eval"]), kinds  # two runs, gold, pristine
     for name, host in spy.hosts.items():
-        assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd"), name
+        # the clean run's containers keep only what the drop from root to the test user needs
+        assert host["CapDrop"] == ["ALL"], name
+        assert sorted(host.get("CapAdd") or []) == ([] if name.startswith("sweb.") else ["CAP_SETGID", "CAP_SETUID"]) \
+            or sorted(host.get("CapAdd") or []) == ([] if name.startswith("sweb.") else ["SETGID", "SETUID"]), name
         assert "no-new-privileges" in (host.get("SecurityOpt") or []), name
         assert host["Memory"] == 1 << 30 and host["MemorySwap"] == 1 << 30, name
         assert host["PidsLimit"] == 256 and host["NanoCpus"] == 1_500_000_000, name
