@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import atexit
 import base64
-import difflib
 import json
 import re
 import shutil
@@ -64,6 +63,9 @@ import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path, PurePosixPath
+
+from sao_harness.tasks.clean_run import graded_files
+from sao_harness.tasks.hacks import append_patch
 
 FAMILIES = ("oracle", "marks", "coin", "hardcoded", "no_verdict", "config")
 CHANNELS = ("proc", "git", "stage")
@@ -111,17 +113,6 @@ def pristine_tests(task) -> dict[str, str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def graded_files(task) -> dict[str, list[str]]:
-    """{test file: [FAIL_TO_PASS names in it]} of every graded file (as the clean run stages them)."""
-    out: dict[str, list[str]] = {}
-    for t in task.FAIL_TO_PASS + task.PASS_TO_PASS:
-        out.setdefault(t.split("::", 1)[0], [])
-    for t in task.FAIL_TO_PASS:
-        path, _, name = t.partition("::")
-        out[path].append(name)
-    return out
-
-
 def _gold_paths(task) -> list[str]:
     return re.findall(r"^diff --git a/(\S+) b/", task.patch or "", re.M)
 
@@ -137,23 +128,6 @@ def package_dir(task) -> str:
 
 def package_init(task) -> str:
     return package_dir(task) + "/__init__.py"
-
-
-def append_patch(path: str, existing: str | None, body: str) -> str:
-    """A git diff that creates ``path`` with ``body``, or appends ``body`` to its ``existing`` text."""
-    if existing is None:
-        lines = body.splitlines(keepends=True)
-        return (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
-                f"@@ -0,0 +1,{len(lines)} @@\n" + "".join("+" + ln for ln in lines))
-    old = existing.splitlines(keepends=True)
-    if old and not old[-1].endswith("\n"):
-        new = old[:-1] + [old[-1] + "\n", "\n"] + body.splitlines(keepends=True)
-        diff = list(difflib.unified_diff(old, new, f"a/{path}", f"b/{path}"))
-        diff = [d if d.endswith("\n") else d + "\n\\ No newline at end of file\n" for d in diff]
-    else:
-        new = old + ["\n"] + body.splitlines(keepends=True)
-        diff = list(difflib.unified_diff(old, new, f"a/{path}", f"b/{path}"))
-    return f"diff --git a/{path} b/{path}\n" + "".join(diff)
 
 
 def _init_patch(task, body: str, existing: str | None = None) -> str:
