@@ -176,13 +176,15 @@ def graded_files(task) -> dict[str, list[str]]:
 def pytest_command(files: list[str], work: str, entries: list[str] = (), python: str = PYTHON,
                    junit: str | None = None, uid: int | None = None) -> str:
     """pytest on ``files`` through the bootstrap (``-P``, the test user, the base commit's root
-    imports), with the grader's own empty inifile (``work``/pytest.ini) and rootdir."""
+    imports), with the grader's own empty inifile (``work``/pytest.ini), rootdir and confcutdir (the
+    repository's conftest files load as they would with its own inifile at its root, in every pytest
+    version)."""
     modules = sorted({e.split(".", 1)[0] for e in entries})
     boot = BOOTSTRAP.format(workdir=WORKDIR, entries=sorted(entries), modules=modules,
                             uid=TEST_UID if uid is None else uid)
     report = (f"-o junit_family=xunit2 -o junit_logging=no --junitxml={shlex.quote(junit)} " if junit else "")
     return (f"{python} -P -c {shlex.quote(boot)} -rA -p no:cacheprovider -c {shlex.quote(work + '/pytest.ini')} "
-            f"--rootdir={WORKDIR} {report}{' '.join(map(shlex.quote, files))}")
+            f"--rootdir={WORKDIR} --confcutdir={WORKDIR} {report}{' '.join(map(shlex.quote, files))}")
 
 
 def probe_command(probes, work: str, pristine) -> str:
