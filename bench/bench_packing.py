@@ -10,12 +10,16 @@
    tokens over the mean, by trajectory count (the old contiguous split) and by tokens
    (trainer.distributed.split).
 2. Step time: forward + backward of the policy's action logprobs (trainer.models.policy_token_logprobs,
-   with the trainer's attention, trainer.models.use_packed_sdpa: SDPA per trajectory on packed rows)
+   with the trainer's CPU attention, trainer.models.use_packed_attention "sdpa_packed": SDPA per trajectory)
    on the tiny model (harness.tiny_model), packed vs padded micro-batches of the same budget,
    alternated in this process, median of --repeats. On the lognormal batch scaled down 64x
    (synthetic tokens, a CPU-sized run), and on a demo run's trajectories: every trace store under
    --traces (default: the newest runs/demo-*, which `make demo` writes), in batches of
    trainer.batch_size.
+3. Attention of packed rows (trainer.attn_impl): sdpa_packed (SDPA per trajectory) vs flex (FlexAttention
+   under a document block mask), the same packed micro-batches of the lognormal batch, alternated in this
+   process, median of --repeats; forward + backward where flex has a backward (CUDA), else the forward only
+   (torch 2.13: no FlexAttention backward on CPU, and its CPU path is the eager dense reference).
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from sao_harness.harness.trace import Segment, Trajectory  # noqa: E402
 from sao_harness.trainer.batch import TrajectoryBatch, build_batch, micro_batches, pack, pack_groups  # noqa: E402
 from sao_harness.trainer.config import TrainerConfig  # noqa: E402
 from sao_harness.trainer.distributed import split  # noqa: E402
-from sao_harness.trainer.models import policy_token_logprobs, use_packed_sdpa  # noqa: E402
+from sao_harness.trainer.models import policy_token_logprobs, use_packed_attention  # noqa: E402
 
 SCALE = 64  # the timed lognormal batch: lengths / 64 (2k..128k -> 32..2k tokens), budget / 64
 
@@ -92,8 +96,8 @@ def rank_balance(trajs: list[Trajectory], world: int) -> tuple[float, float]:
     return worst(by_count), worst(split(trajs, world))
 
 
-def passes(model, batch: TrajectoryBatch, groups: list[list[int]], packed: bool) -> None:
-    """Forward + backward of the action logprobs over the batch, micro-batch by micro-batch."""
+def passes(model, batch: TrajectoryBatch, groups: list[list[int]], packed: bool, backward: bool = True) -> None:
+    """Forward (+ backward) of the action logprobs over the batch, micro-batch by micro-batch."""
     model.zero_grad(set_to_none=True)
     for rows in groups:
         if packed:
@@ -102,7 +106,8 @@ def passes(model, batch: TrajectoryBatch, groups: list[list[int]], packed: bool)
         else:
             mb = batch.select(rows)
             logp, _ = policy_token_logprobs(model, mb.input_ids, mb.attention_mask, mb.action_mask)
-        (-logp.sum()).backward()
+        if backward:
+            (-logp.sum()).backward()
 
 
 def step_times(model, trajs: list[Trajectory], max_tokens: int, repeats: int) -> tuple[float, float, int, int]:
@@ -121,6 +126,23 @@ def step_times(model, trajs: list[Trajectory], max_tokens: int, repeats: int) ->
     median = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     padded_tokens = sum(len(g) * max(lengths[r] for r in g) for g in padded)
     return median[False], median[True], padded_tokens, sum(lengths)
+
+
+def attention_times(model, trajs: list[Trajectory], max_tokens: int, repeats: int,
+                    backward: bool) -> tuple[float, float]:
+    """Median seconds of the packed passes on sdpa_packed, then flex (alternated), with or without backward."""
+    batch = build_batch(trajs)
+    groups = micro_batches(batch, max_tokens)
+    times: dict[str, list[float]] = {"sdpa_packed": [], "flex": []}
+    for i in range(repeats + 1):  # the first round is a warm-up (and flex's compile on CUDA)
+        for impl in times:
+            use_packed_attention(model, impl)
+            t0 = time.perf_counter()
+            with torch.set_grad_enabled(backward):
+                passes(model, batch, groups, packed=True, backward=backward)
+            if i:
+                times[impl].append(time.perf_counter() - t0)
+    return tuple(sorted(v)[len(v) // 2] for v in times.values())
 
 
 def demo_stores(traces: str | None) -> list[Path]:
@@ -168,7 +190,7 @@ def main() -> int:
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(ROOT / ".cache/sao", 0), attn_implementation="sdpa")
-    use_packed_sdpa(model).train()
+    use_packed_attention(model, "sdpa_packed").train()
     vocab = model.config.vocab_size
     params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"\n2. tiny model ({params:.1f} M params, SDPA per trajectory), forward + backward of the action "
@@ -190,6 +212,14 @@ def main() -> int:
         t_padded, t_packed, n_padded, n_packed = step_times(model, trajs, budget, args.repeats)
         print(f"   {name:<36} {n_padded:>13,} {n_packed:>13,} {1 - n_packed / n_padded:>8.1%} {t_padded:>9.2f} "
               f"{t_packed:>9.2f} {t_packed / t_padded:>13.2f}")
+
+    name, trajs, budget = cases[0]
+    backward = next(model.parameters()).is_cuda  # FlexAttention has no CPU backward
+    t_sdpa, t_flex = attention_times(model, trajs, budget, args.repeats, backward)
+    print(f"\n3. packed attention on the {name} batch, {'forward + backward' if backward else 'forward only'} "
+          f"on {next(model.parameters()).device.type}, median of {args.repeats}: sdpa_packed {t_sdpa:.3f} s, "
+          f"flex {t_flex:.3f} s, flex / sdpa_packed {t_flex / t_sdpa:.2f}")
+    use_packed_attention(model, "sdpa_packed")
     return 0
 
 

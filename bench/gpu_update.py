@@ -9,7 +9,9 @@ through the trainer's own code, at 8k, 32k, 64k and 128k tokens.
     per size   tokens/s of the update, MFU (model FLOPs: 7 F for the value pass + critic step + policy
                step, F = 2 active params per token + causal attention, against the GPU's dense bf16 peak),
                peak GPU memory and the plan's estimate of it (trainer.gpu_plan), and the plan's memory per
-               GPU of the full depth on 8 ranks (without / with runtime.offload_optimizer)
+               GPU of the full depth on 8 ranks (without / with runtime.offload_optimizer); for the MoE slice,
+               the routed experts' overhead: their bytes per token in the trace (this slice, the full depth)
+               and the update with routing replay on against the same update without routes (trainer.router_replay)
 
     python bench/gpu_update.py                  the GPU run (skips, exit 0, without CUDA)
     python bench/gpu_update.py --dry-run        the same code path on CPU (gloo), tiny shapes, seconds
@@ -53,9 +55,10 @@ def families(dry_run: bool) -> list[tuple[str, dict, int]]:
             ("Qwen3-30B-A3B x4", {**QWEN3_30B_A3B, "num_hidden_layers": 4}, QWEN3_30B_A3B["num_hidden_layers"])]
 
 
-def trajectories(n: int, tokens: int, vocab: int, turns: int = 4, seed: int = 0):
+def trajectories(n: int, tokens: int, vocab: int, turns: int = 4, seed: int = 0, routes: tuple | None = None):
     """n episodes of `tokens` tokens each, `turns` turns, a tenth of each turn actions; the rollout
-    logprob is the uniform one, log(1 / vocab), about a random model's (DIS ratios near 1)."""
+    logprob is the uniform one, log(1 / vocab), about a random model's (DIS ratios near 1). `routes`
+    (MoE layers, top_k, experts): with random routed experts, distinct per token and layer."""
     from sao_harness.harness.trace import Segment, Trajectory  # lazy: after the CUDA check
 
     g = torch.Generator().manual_seed(seed)
@@ -69,7 +72,13 @@ def trajectories(n: int, tokens: int, vocab: int, turns: int = 4, seed: int = 0)
             segments += [Segment("observation", ids(size - act)),
                          Segment("action", ids(act), [-math.log(vocab)] * act, [0] * act)]
             left -= size
-        out.append(Trajectory(task_id=f"t{i}", segments=segments, reward=float(i % 2), turns=turns))
+        routed = None
+        if routes is not None:
+            layers, top_k, experts = routes
+            draw = torch.rand(tokens, layers, experts, generator=g)
+            routed = draw.argsort(-1)[..., :top_k].to(torch.int16).numpy()
+        out.append(Trajectory(task_id=f"t{i}", segments=segments, reward=float(i % 2), turns=turns,
+                              routed_experts=routed))
     return out
 
 
@@ -165,10 +174,32 @@ def run_family(name: str, fields: dict, full_layers: int, args, dp) -> None:
               f"policy {m['time/policy_s']:.2f} s), {mfu}, {peak(device)} (plan {plan(shapes, 1, False)}); "
               f"full {full_layers} layers on 8 GPUs: {plan(full, 8, False)} per GPU, {plan(full, 8, True)} with "
               "offload_optimizer", flush=True)
+        if shapes.sparse_layers:
+            replay_update(trainer, args, size, config, shapes, full, seconds, head)
     del trainer, policy, critic
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def replay_update(trainer, args, size: int, config, shapes, full, seconds: float, head: str) -> None:
+    """The routed experts' overhead at this size: bytes per token (int16 [MoE layers, top_k]) and the same
+    update with the trace's routes replayed, against `seconds` (the update without routes)."""
+    device = trainer.device
+    batch = trajectories(args.trajectories, size // args.trajectories, config.vocab_size, seed=size,
+                         routes=(shapes.sparse_layers, shapes.experts_per_token, shapes.experts))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    m = trainer.update(batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    replayed = time.perf_counter() - t0
+    per_token = 2 * shapes.sparse_layers * shapes.experts_per_token
+    print(f"{head}: routed experts {per_token} B/token ({2 * full.sparse_layers * full.experts_per_token} B/token "
+          f"at the full depth: {human(2 * full.sparse_layers * full.experts_per_token * size)} per {size:,}-token "
+          f"trace); update with replay {replayed:6.2f} s = {replayed / seconds:.2f}x the unreplayed one, route "
+          f"agreement {m.get('rollout/route_agreement', float('nan')):.1%} (random routes)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

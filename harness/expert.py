@@ -5,9 +5,11 @@
   ``(old_str, new_str)`` pair whose ``old_str`` is the region's removed lines grown by the fewest
   context lines (then the fewest characters) that make it occur exactly once in the file as it is
   when the edit runs (earlier edits applied); a trailing newline common to both is dropped when the rest is
-  still unique. None when the diff does not match ``text`` (the caller falls back).
-- ``expert_replies(task, read_file)``: the assistant replies of an expert episode: the edits (one
-  ``str_replace`` per region, ``create`` for new files, ``rm`` for deleted ones), then ``finish``.
+  still unique. With ``strips`` (the prompt tool format: the SDK strips every parameter value) an edit
+  also does the same with both strings stripped (it grows context until it does).
+  None when the diff does not match ``text`` (the caller falls back).
+- ``expert_replies(task, read_file, strips=)``: the assistant replies (``Reply``) of an expert episode: the
+  edits (one ``str_replace`` per region, ``create`` for new files, ``rm`` for deleted ones), then ``finish``.
   ``read_file(image, path)`` gives a file of the task's image (None if it cannot); a file it cannot
   read, or whose diff does not match it, gets the scripted gold policy's hunk-wide edits.
 - ``image_file_reader(docker_cfg)``: a ``read_file`` that reads from the image through a created
@@ -20,7 +22,7 @@ import tarfile
 
 from unidiff import PatchSet
 
-from sao_harness.harness.engines.scripted_policy import REPO, patch_to_tool_calls, tool_call
+from sao_harness.harness.engines.scripted_policy import REPO, Reply, call, patch_to_tool_calls
 
 FINISH_MESSAGE = "Done."
 # Changed runs this close (unchanged lines between) are one edit: repeating a few lines in old_str and
@@ -65,9 +67,18 @@ def _unique_at(text: str, needle: str, pos: int) -> bool:
     return bool(needle) and text.find(needle) == pos and text.find(needle, pos + 1) == -1
 
 
-def _shortest_unique(lines: list[str], i: int, j: int):
-    """The fewest context lines around ``lines[i:j]`` (then the fewest characters) that make it unique:
-    ``(a, b, old, pos, text)`` with ``old = text[pos:pos+len(old)] = "".join(lines[a:b])``, or None."""
+def _survives_strip(text: str, old: str, new: str, pos: int) -> bool:
+    """Whether replacing ``old`` (at ``pos``) by ``new`` does the same with both stripped (unique once stripped)."""
+    so, sn = old.strip(), new.strip()
+    at = text.find(so)
+    return (bool(so) and at >= 0 and text.find(so, at + 1) == -1
+            and text[:at] + sn + text[at + len(so):] == text[:pos] + new + text[pos + len(old):])
+
+
+def _shortest_unique(lines: list[str], i: int, j: int, added: list[str], strips: bool):
+    """The fewest context lines around ``lines[i:j]`` (then the fewest characters) that make it unique (and,
+    with ``strips``, an edit to ``added`` that survives stripping): ``(a, b, old, new, pos, text)`` with
+    ``old = text[pos:pos+len(old)] = "".join(lines[a:b])``, or None."""
     text = "".join(lines)
     starts = [0]
     for line in lines:
@@ -78,15 +89,17 @@ def _shortest_unique(lines: list[str], i: int, j: int):
             a, b = i - before, j + k - before
             if a < 0 or b > len(lines):
                 continue
-            old = text[starts[a]:starts[b]]
-            if _unique_at(text, old, starts[a]) and (best is None or len(old) < len(best[2])):
-                best = (a, b, old, starts[a], text)
+            old, new = text[starts[a]:starts[b]], "".join(lines[a:i] + added + lines[j:b])
+            if (_unique_at(text, old, starts[a]) and (not strips or _survives_strip(text, old, new, starts[a]))
+                    and (best is None or len(old) < len(best[2]))):
+                best = (a, b, old, new, starts[a], text)
         if best is not None:
             return best
     return None
 
 
-def minimal_edits(text: str, patched_file, merge_gap: int = MERGE_GAP) -> list[tuple[str, str]] | None:
+def minimal_edits(text: str, patched_file, merge_gap: int = MERGE_GAP,
+                  strips: bool = False) -> list[tuple[str, str]] | None:
     """The ``(old_str, new_str)`` pairs that turn ``text`` into the patched file (see the module doc)."""
     lines = _lines(text)
     for hunk in patched_file:  # every hunk's old side (context and removed lines) must be in the file
@@ -99,12 +112,12 @@ def minimal_edits(text: str, patched_file, merge_gap: int = MERGE_GAP) -> list[t
         if i < 0 or i > len(lines) or lines[i:i + len(removed)] != removed:
             return None
         j = i + len(removed)
-        found = _shortest_unique(lines, i, j)
+        found = _shortest_unique(lines, i, j, added, strips)
         if found is None:
             return None
-        a, b, old, pos, current = found
-        new = "".join(lines[a:i] + added + lines[j:b])
-        if old.endswith("\n") and new.endswith("\n") and _unique_at(current, old[:-1], pos):
+        a, b, old, new, pos, current = found
+        if (old.endswith("\n") and new.endswith("\n") and _unique_at(current, old[:-1], pos)
+                and (not strips or _survives_strip(current, old[:-1], new[:-1], pos))):
             edits.append((old[:-1], new[:-1]))
         else:
             edits.append((old, new))
@@ -113,7 +126,7 @@ def minimal_edits(text: str, patched_file, merge_gap: int = MERGE_GAP) -> list[t
     return edits
 
 
-def expert_replies(task, read_file=None, repo: str = REPO) -> list[str]:
+def expert_replies(task, read_file=None, repo: str = REPO, strips: bool = False) -> list[Reply]:
     """The expert episode's assistant replies for ``task``: minimal edits of its gold patch, then finish."""
     replies = []
     for pf in PatchSet(task.patch):
@@ -122,13 +135,13 @@ def expert_replies(task, read_file=None, repo: str = REPO) -> list[str]:
             replies += patch_to_tool_calls(str(pf), repo)
             continue
         text = read_file(task.image, path) if read_file is not None and task.image else None
-        edits = minimal_edits(text, pf) if text is not None else None
+        edits = minimal_edits(text, pf, strips=strips) if text is not None else None
         if edits is None:  # unreadable file, or a diff that does not match it: the hunk-wide edits
             replies += patch_to_tool_calls(str(pf), repo)
             continue
-        replies += [tool_call("file_editor", {"command": "str_replace", "path": path, "old_str": old,
-                                              "new_str": new}) for old, new in edits]
-    return replies + [tool_call("finish", {"message": FINISH_MESSAGE})]
+        replies += [call("file_editor", {"command": "str_replace", "path": path, "old_str": old,
+                                         "new_str": new}) for old, new in edits]
+    return replies + [call("finish", {"message": FINISH_MESSAGE})]
 
 
 def image_file_reader(docker_cfg=None):

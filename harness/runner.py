@@ -6,8 +6,8 @@ the episode; the trajectory's status says how it ended, and an `infra_error` has
 
 - `EPISODES`: the envs of `trainer.env`, each with its episode function or the `"module:function"`
   that holds it (imported on first use, so that validating `trainer.env` loads neither the agent nor
-  the proxy): `swe` (OpenHands in Docker, harness.episode) and the test-beds `simulated` and `toy`
-  (harness.testbeds). A layer above adds its own with `register_episode(name, fn)`.
+  the proxy): `swe` (OpenHands in Docker, harness.episode) and the test-beds `simulated`, `toy`
+  and `chain` (harness.testbeds). A layer above adds its own with `register_episode(name, fn)`.
 - `run_with_retries`: at most `1 + max_retries` attempts, a new episode id each; it stops at the first
   attempt that is not an infra error. An exception out of the episode function counts as an infra
   error (the contract says it never raises: what escapes is infrastructure).
@@ -32,6 +32,7 @@ EPISODES: dict[str, EpisodeFn | str] = {
     # real generations, sleeps (tests, bench)
     "simulated": "sao_harness.harness.testbeds.simulated:run_simulated_episode",
     "toy": "sao_harness.harness.testbeds.toy:run_toy_episode",  # the learning test-bed
+    "chain": "sao_harness.harness.testbeds.chain:run_chain_episode",  # the long-horizon test-bed
 }
 
 

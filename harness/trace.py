@@ -7,6 +7,11 @@ In Parquet a trajectory is one row; the per-token lists are the columns ``token_
 ``is_action``, ``logp_rollout`` and ``policy_version`` (null at observation tokens), segment
 boundaries are ``segment_kinds`` / ``segment_lengths``, and ``breaks`` lists the token indices where
 the proxy had to start a new sequence (the client's history stopped being append-only).
+
+An MoE policy's engine may also give the experts it routed every token to: ``routed_experts``, the bytes
+of an int16 C-order array [num_tokens, MoE layers, top_k] (``harness.engines.routes``; -1 where no route
+was recorded, e.g. the last token, never fed back), and ``routed_experts_shape`` = [MoE layers, top_k];
+both null for a dense model or an engine that gives none. The trainer replays them (trainer.router_replay).
 """
 from __future__ import annotations
 
@@ -17,7 +22,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
+
+from sao_harness.harness.engines.routes import ROUTE_DTYPE
 
 SegmentKind = Literal["observation", "action"]
 
@@ -82,6 +90,7 @@ class Trajectory:
     metadata: dict[str, Any] = field(default_factory=dict)
     breaks: list[int] = field(default_factory=list)
     traj_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    routed_experts: np.ndarray | None = None  # int16 [num_tokens, MoE layers, top_k], -1 = none (module doc)
 
     def __post_init__(self) -> None:
         self.status = parse_status(self.status, f"trajectory {self.traj_id} (task {self.task_id})")
@@ -163,6 +172,15 @@ class Trajectory:
         for b in self.breaks:
             if not 0 < b < n:
                 raise TraceError(f"{where}: field 'breaks' holds {b}, outside the token range (0, {n})")
+        routes = self.routed_experts
+        if routes is not None:
+            if not isinstance(routes, np.ndarray) or routes.dtype != ROUTE_DTYPE or routes.ndim != 3:
+                raise TraceError(f"{where}: field 'routed_experts' must be an int16 array [tokens, MoE layers, "
+                                 f"top_k], got {type(routes).__name__} {getattr(routes, 'dtype', '')}"
+                                 f"{list(getattr(routes, 'shape', []))}")
+            if routes.shape[0] != n:
+                raise TraceError(f"{where}: length mismatch: 'routed_experts' has {routes.shape[0]} rows for {n} "
+                                 "tokens")
         return self
 
     # --- Parquet rows ---------------------------------------------------------------------
@@ -186,6 +204,9 @@ class Trajectory:
             "grading": json.dumps(self.grading) if self.grading is not None else None,
             "timings": json.dumps(self.timings),
             "metadata": json.dumps(self.metadata),
+            "routed_experts": None if self.routed_experts is None else np.ascontiguousarray(
+                self.routed_experts).astype("<i2", copy=False).tobytes(),
+            "routed_experts_shape": None if self.routed_experts is None else list(self.routed_experts.shape[1:]),
         }
 
     @classmethod
@@ -219,8 +240,19 @@ class Trajectory:
             reward=row.get("reward"), turns=row.get("turns") or 0, patch=row.get("patch") or "",
             grading=json.loads(row["grading"]) if row.get("grading") else None,
             timings=json.loads(row.get("timings") or "{}"), metadata=json.loads(row.get("metadata") or "{}"),
-            breaks=list(row.get("breaks") or []),
+            breaks=list(row.get("breaks") or []), routed_experts=_routes_from_row(row, where, n),
         ).validate()
+
+
+def _routes_from_row(row: dict[str, Any], where: str, n: int) -> np.ndarray | None:
+    """The row's routed experts as int16 [n, layers, top_k], or None (columns null or absent: older traces)."""
+    data, shape = row.get("routed_experts"), row.get("routed_experts_shape")
+    if data is None:
+        return None
+    if not shape or len(shape) != 2 or len(data) != 2 * n * shape[0] * shape[1]:
+        raise TraceError(f"{where}: column 'routed_experts' holds {len(data)} bytes, not int16 [{n} tokens, "
+                         f"{shape} (routed_experts_shape)]")
+    return np.frombuffer(data, dtype="<i2").astype(ROUTE_DTYPE).reshape(n, *shape)
 
 
 SCHEMA = pa.schema([
@@ -242,6 +274,8 @@ SCHEMA = pa.schema([
     ("grading", pa.string()),  # JSON
     ("timings", pa.string()),  # JSON
     ("metadata", pa.string()),  # JSON
+    ("routed_experts", pa.large_binary()),  # int16 [num_tokens, MoE layers, top_k], C order (module doc)
+    ("routed_experts_shape", pa.list_(pa.int32())),  # [MoE layers, top_k]
 ])
 
 

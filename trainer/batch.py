@@ -39,6 +39,7 @@ class TrajectoryBatch:
     traj_ids: list[str]
     statuses: list[str]
     turns: list[int]
+    routes: list  # per row: the engine's routed experts, int16 numpy [n, MoE layers, top_k], or None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -105,6 +106,7 @@ def build_batch(trajectories: list[Trajectory], pad_token_id: int = 0) -> Trajec
         num_action_tokens=action_mask.sum(1),
         task_ids=[t.task_id for t in trajectories], traj_ids=[t.traj_id for t in trajectories],
         statuses=[t.status for t in trajectories], turns=[t.turns for t in trajectories],
+        routes=[t.routed_experts for t in trajectories],
     )
 
 
@@ -155,6 +157,7 @@ class PackedRows:
     logp_rollout: torch.Tensor  # [1, L] fp32
     batch_rows: torch.Tensor  # [L] long (CPU): the batch row of each packed token
     cols: torch.Tensor  # [L] long (CPU): its position in that row
+    routes: torch.Tensor | None = None  # [L, MoE layers, top_k] int16, -1 = none; None: no row has routes
 
     @property
     def num_tokens(self) -> int:
@@ -163,7 +166,8 @@ class PackedRows:
     def to(self, device: torch.device | str) -> PackedRows:
         """The model inputs on `device`; the index into the batch stays on the CPU, where the batch is."""
         return PackedRows(self.rows, self.input_ids.to(device), self.position_ids.to(device),
-                          self.action_mask.to(device), self.logp_rollout.to(device), self.batch_rows, self.cols)
+                          self.action_mask.to(device), self.logp_rollout.to(device), self.batch_rows, self.cols,
+                          None if self.routes is None else self.routes.to(device))
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T] (a per-row tensor of the batch) at the packed tokens -> [1, L], on input_ids' device."""
@@ -184,7 +188,18 @@ def pack(batch: TrajectoryBatch, rows: list[int]) -> PackedRows:
     cols = torch.cat([torch.arange(n) for n in lengths])
     return PackedRows(rows=list(rows), input_ids=batch.input_ids[batch_rows, cols][None],
                       position_ids=cols[None].clone(), action_mask=batch.action_mask[batch_rows, cols][None],
-                      logp_rollout=batch.logp_rollout[batch_rows, cols][None], batch_rows=batch_rows, cols=cols)
+                      logp_rollout=batch.logp_rollout[batch_rows, cols][None], batch_rows=batch_rows, cols=cols,
+                      routes=_packed_routes([batch.routes[r] for r in rows], lengths))
+
+
+def _packed_routes(routes: list, lengths: list[int]) -> torch.Tensor | None:
+    """The rows' routes end to end [L, layers, top_k] (-1 rows for a row without), or None if none has any."""
+    shape = next((r.shape[1:] for r in routes if r is not None), None)
+    if shape is None:
+        return None
+    parts = [torch.full((n, *shape), -1, dtype=torch.int16) if r is None else torch.from_numpy(r[:n].copy())
+             for r, n in zip(routes, lengths)]
+    return torch.cat(parts)
 
 
 def minibatches(num_rows: int, n: int) -> list[list[int]]:

@@ -105,6 +105,17 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay, both models")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip, both models")
     logprob_chunk: int = Field(1024, gt=0, description="positions per chunk for token logprobs and entropy")
+    router_replay: Literal["auto", "on", "off"] = Field("auto", description="routing replay on an MoE policy "
+                                                        "(trainer.router_replay): on = the policy's routers take "
+                                                        "the experts the engine recorded (a trace without them is "
+                                                        "refused); auto = on for the traces that carry routes; "
+                                                        "off = the trainer's own routing (the agreement is still "
+                                                        "measured)")
+    attn_impl: Literal["auto", "sdpa_packed", "flex", "flash_varlen"] = Field(
+        "auto", description="attention on packed micro-batches (trainer.models.use_packed_attention): sdpa_packed = "
+        "SDPA per trajectory (a Python loop); flex = one FlexAttention kernel under a document block mask (no "
+        "backward on CPU); flash_varlen = flash-attention's varlen kernel (CUDA and the flash_attn package); auto = "
+        "flash_varlen on CUDA with flash_attn, else flex on CUDA, sdpa_packed on CPU")
     max_tokens_per_microbatch: int = Field(32_768, gt=0, description="tokens per forward/backward micro-batch: "
                                            "whole trajectories packed end to end, no padding (a longer "
                                            "trajectory is a micro-batch of its own)")
@@ -117,7 +128,14 @@ class TrainerConfig(Section):
     # the loop (sao train)
     env: str = Field("swe", description="the episode function (harness.runner.EPISODES): swe = OpenHands episodes "
                      "in Docker; the test-beds (harness.testbeds): simulated = real generations and sleeps (tests, "
-                     "bench; testbed.simulated.*), toy = the learning test-bed (testbed.toy.*)")
+                     "bench; testbed.simulated.*), toy = the learning test-bed (testbed.toy.*), chain = the "
+                     "long-horizon test-bed (testbed.chain.*)")
+
+    @field_validator("router_replay", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v: Any) -> Any:
+        """YAML reads a bare on / off as a boolean: true is "on", false is "off"."""
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @field_validator("env")
     @classmethod

@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from sao_harness.core.errors import UserError
 from sao_harness.harness.config import SamplingConfig
-from sao_harness.harness.trace import TRUNCATED, Status, Trajectory
+from sao_harness.harness.trace import Status, Trajectory
 from sao_harness.trainer import sharded
 from sao_harness.trainer.checkpoint import (
     POLICY_MASTER,
@@ -58,10 +58,6 @@ from sao_harness.trainer.critic_init import freeze_critic, initial_critic
 from sao_harness.trainer.models import CRITIC_WEIGHTS, Critic, load_critic
 from sao_harness.trainer.precision import autocast
 from sao_harness.trainer.sao import SAOTrainer
-
-SUMMED = ("value_loss", "value_loss_last_step", "trajectories", "micro_batches", "action_tokens", "tokens")
-TOKEN_MEANS = ("policy_loss", "entropy", "logp_abs_diff_mean", "adv_raw_mean", "adv_mean", "value_mean",
-               "return_mean")
 
 
 def backend(device: torch.device | str) -> str:
@@ -99,6 +95,9 @@ class DataParallel:
 
     def max(self, x: int) -> int:
         return int(self._reduce([float(x)], dist.ReduceOp.MAX)[0])
+
+    def reduce_max(self, values: list[float]) -> list[float]:
+        return self._reduce([float(v) for v in values], dist.ReduceOp.MAX)
 
     def gather(self, obj) -> list:
         out = [None] * self.world_size
@@ -460,8 +459,8 @@ class RankTrainer:
         self.trainer = trainer if trainer.dist is not None else shard(trainer, self.dp)
 
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """One update on the global batch (every rank gets all of it); the metrics of the whole
-        batch (rank 0's view for the ones neither summed nor token-weighted)."""
+        """One update on the global batch (every rank gets all of it); the metrics of the whole batch (the
+        trainer's update reduces them over the ranks; the counts before the split are every rank's alike)."""
         trainer, world = self.trainer, self.dp.world_size
         kept, unrewarded, stale, broken = trainer._select(trajectories)
         parts = split(kept, world, by_task=trainer.config.advantage == "grpo")
@@ -472,23 +471,6 @@ class RankTrainer:
         metrics.update({"rollout/trajectories_in": float(n_in), "rollout/excluded_unrewarded": float(unrewarded),
                         "rollout/dropped_stale": float(stale), "rollout/infra_failure_rate": infra / max(n_in, 1),
                         "rollout/break_frac": broken / max(n_in, 1)})
-        if not mine:
-            return metrics
-        rewards = torch.tensor([float(t.reward) for t in kept])  # every rank has the whole batch
-        metrics.update({"rollout/reward_mean": rewards.mean().item(),
-                        "rollout/reward_std": rewards.std(unbiased=False).item(),
-                        "rollout/turns_mean": sum(t.turns for t in kept) / len(kept),
-                        "rollout/truncation_rate": sum(t.status in TRUNCATED for t in kept) / len(kept)})
-
-        def name(key: str) -> str:  # "loss/value_loss" and "value_loss" alike
-            return key.rsplit("/", 1)[-1]
-
-        weight = next((v for k, v in metrics.items() if name(k) == "action_tokens"), 0.0)
-        keys = sorted(k for k in metrics if name(k) in SUMMED + TOKEN_MEANS)
-        summed = [name(k) in SUMMED for k in keys]
-        reduced = self.dp._reduce([metrics[k] if s else metrics[k] * weight for k, s in zip(keys, summed)] + [weight])
-        for k, s, v in zip(keys, summed, reduced):
-            metrics[k] = v if s else v / max(reduced[-1], 1.0)
         return metrics
 
     def policy_weights(self, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:

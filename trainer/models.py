@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import re
 from pathlib import Path
 
@@ -182,7 +183,7 @@ def hidden_states(backbone, input_ids: torch.Tensor, attention_mask: torch.Tenso
     return backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
 
 
-PACKED_SDPA = "sdpa_packed"  # transformers' SDPA attention, per trajectory on packed rows (use_packed_sdpa)
+PACKED_SDPA = "sdpa_packed"  # transformers' SDPA attention, per trajectory on packed rows (use_packed_attention)
 
 
 def _window_mask(queries: range, keys: range, window: int, device: torch.device) -> torch.Tensor:
@@ -257,18 +258,129 @@ def _packed_sdpa_mask(*args, attention_mask=None, **kwargs):
     return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
-def use_packed_sdpa(model: nn.Module) -> nn.Module:
-    """Run a transformers model on "sdpa" attention with PACKED_SDPA instead: identical on padded rows
-    and single sequences, per-trajectory SDPA on packed rows (no [L, L] mask, which at L = 32k is
-    1 GiB and L^2 attention scores). Other implementations are kept: flash_attention_2 runs varlen
-    from the position ids itself, eager builds the mask. Returns the model."""
+PACKED_FLEX = "flex_packed"  # FlexAttention under a document BlockMask on packed rows (use_packed_attention)
+_BLOCK_MASKS: dict = {}  # sliding window (None: full) -> (position_ids, its _version, its BlockMask)
+
+
+def document_block_mask(position_ids: torch.Tensor, window: int | None):
+    """The FlexAttention BlockMask of one packed row, position_ids [1, L] restarting at 0 per trajectory:
+        doc = cumsum(position_ids == 0),  attend(q, kv) = doc[q] == doc[kv]  and  0 <= q - kv < window
+    (window = L on a full-attention layer). One mask function for every layer, the window a tensor: one
+    compiled kernel serves all layers and lengths (torch.compile guards on the function's code)."""
+    from torch.nn.attention.flex_attention import create_block_mask  # lazy: only the flex path needs it
+
+    doc, n = (position_ids[0] == 0).cumsum(0), position_ids.shape[1]
+    reach = torch.tensor(n if window is None else window, device=position_ids.device)
+
+    def document_causal(b, h, q, kv):
+        return (doc[q] == doc[kv]) & (q >= kv) & (q - kv < reach)
+
+    with torch.no_grad():
+        return create_block_mask(document_causal, 1, None, n, n, device=position_ids.device, _compile=True)
+
+
+def _cached_block_mask(position_ids: torch.Tensor, window: int | None):
+    """document_block_mask, built once for the layers of a forward: they get the same position_ids tensor."""
+    cached = _BLOCK_MASKS.get(window)
+    if cached is None or cached[0] is not position_ids or cached[1] != position_ids._version:
+        cached = _BLOCK_MASKS[window] = (position_ids, position_ids._version,
+                                         document_block_mask(position_ids, window))
+    return cached[2]
+
+
+@functools.cache
+def _flex_kernel(device_type: str):
+    """flex_attention torch.compile'd: the fused kernel (eager flex_attention is a dense [L, L] reference).
+    Shapes go dynamic at the second length (torch's default). On CPU the eager reference: torch 2.13's CPU
+    kernel fails to build with dynamic shapes, and has no backward anyway (resolve_attn_impl)."""
+    from torch.nn.attention.flex_attention import flex_attention  # lazy: only the flex path needs it
+
+    return flex_attention if device_type == "cpu" else torch.compile(flex_attention)
+
+
+def _packed_flex_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """On a packed row (one row, no mask, position ids; queries = keys): FlexAttention of query/key/value
+    [1, heads, L, d] (GQA: fewer kv heads) under document_block_mask with the layer's sliding_window: on
+    CUDA one fused kernel for the whole row that skips the blocks outside every trajectory, no host sync
+    (CPU: torch's eager reference, forward only, _flex_kernel). Anything
+    else (padded rows, rows without position ids, a KV cache) runs as on sdpa_packed. Under autocast the
+    inputs are cast to the autocast dtype, as SDPA's are. No attention dropout (FlexAttention has none)."""
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None or attention_mask is not None or query.shape[0] != 1 \
+            or key.shape[2] != query.shape[2] or position_ids.shape != (1, query.shape[2]):
+        return _packed_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if dropout:
+        raise ValueError(f"attention dropout {dropout}: FlexAttention ({PACKED_FLEX}) has none; set the model's "
+                         "attention_dropout to 0 or use trainer.attn_impl=sdpa_packed")
+    if query.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        raise NotImplementedError(f"trainer.attn_impl=flex: FlexAttention has no backward on CPU (torch "
+                                  f"{torch.__version__}); use sdpa_packed (what auto picks on CPU)")
+    device = query.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+    query, key, value = (t.to(dtype) for t in (query, key, value))
+    block_mask = _cached_block_mask(position_ids, kwargs.get("sliding_window"))
+    out = _flex_kernel(device)(query, key, value, block_mask=block_mask, scale=scaling,
+                               enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+ATTN_IMPLS = ("auto", "sdpa_packed", "flex", "flash_varlen")  # trainer.attn_impl
+_REGISTERED = {"sdpa_packed": PACKED_SDPA, "flex": PACKED_FLEX, "flash_varlen": "flash_attention_2"}
+
+
+def _flash_attn_importable() -> bool:
+    import importlib.util  # lazy: asked once, when attn_impl is resolved
+
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def resolve_attn_impl(impl: str, device: torch.device | str) -> str:
+    """trainer.attn_impl -> the implementation run on `device` (the model's):
+        auto -> flash_varlen   on CUDA with the flash_attn package (its varlen kernel, from the position ids)
+                flex           on CUDA without it (FlexAttention, document BlockMask)
+                sdpa_packed    on CPU: torch's FlexAttention has no CPU backward (torch 2.13 raises
+                               NotImplementedError), so it cannot train there; sdpa_packed can.
+    flash_varlen without CUDA or flash_attn is a ValueError naming the setting."""
+    if impl not in ATTN_IMPLS:
+        raise ValueError(f"trainer.attn_impl: {impl!r} is none of {', '.join(ATTN_IMPLS)}")
+    cuda = torch.device(device).type == "cuda"
+    if impl == "flash_varlen" and not (cuda and _flash_attn_importable()):
+        missing = "the model on CUDA" if not cuda else "the flash_attn package (pip install flash-attn)"
+        raise ValueError(f"trainer.attn_impl=flash_varlen needs {missing}; use auto, flex or sdpa_packed")
+    if impl != "auto":
+        return impl
+    return ("flash_varlen" if _flash_attn_importable() else "flex") if cuda else "sdpa_packed"
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return torch.device("cpu") if param is None else param.device
+
+
+def use_packed_attention(model: nn.Module, impl: str = "auto") -> nn.Module:
+    """Run a transformers model on the packed-row attention trainer.attn_impl names (resolve_attn_impl, on
+    the model's device): sdpa_packed (SDPA per trajectory, a Python loop), flex (one FlexAttention
+    kernel, document BlockMask) or flash_varlen (transformers' flash_attention_2, varlen from the position
+    ids). All three equal "sdpa" on padded rows and single sequences, and keep attention inside each
+    trajectory of a packed row without an [L, L] mask (1 GiB and L^2 scores at L = 32k). A model on sdpa
+    or one of these is switched; others are kept (eager builds the mask itself). Returns the model."""
     from transformers import AttentionInterface, AttentionMaskInterface  # lazy: heavy
 
     AttentionInterface.register(PACKED_SDPA, _packed_sdpa_attention)
     AttentionMaskInterface.register(PACKED_SDPA, _packed_sdpa_mask)
-    if getattr(model.config, "_attn_implementation", None) == "sdpa":
-        model.set_attn_implementation(PACKED_SDPA)
+    AttentionInterface.register(PACKED_FLEX, _packed_flex_attention)
+    AttentionMaskInterface.register(PACKED_FLEX, _packed_sdpa_mask)  # the same: none on packed rows
+    target = _REGISTERED[resolve_attn_impl(impl, _model_device(model))]
+    current = getattr(model.config, "_attn_implementation", None)
+    if current in ("sdpa", PACKED_SDPA, PACKED_FLEX, "flash_attention_2") and current != target:
+        model.set_attn_implementation(target)
     return model
+
+
+def use_packed_sdpa(model: nn.Module) -> nn.Module:
+    """use_packed_attention(model, "sdpa_packed")."""
+    return use_packed_attention(model, "sdpa_packed")
 
 
 def _sequence_starts(input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:

@@ -30,6 +30,10 @@ Exclusions (never trained, always counted in the metrics): trajectories without 
 (infra_error, agent_error, stale), those older than `max_staleness` policy versions, and those with
 history breaks (`rollout/break_frac`).
 
+Routing replay (trainer.router_replay, trainer.router_replay module): on an MoE policy the policy's
+forwards (the update's, and pi_old's) take the experts the engine recorded in the trace; the critic routes
+on its own. `rollout/route_agreement` is the fraction of the engine's choices the trainer's router makes.
+
 Breaks are skipped, not split into one row per piece. At a break the proxy restarted the token
 sequence (the client rewrote its history), so a trajectory with breaks is several contexts. Split
 with the reward on the last piece's last action token and nothing bridging the break, the earlier
@@ -42,6 +46,7 @@ one); `rollout/break_frac` says how rare.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -57,7 +62,7 @@ from sao_harness.trainer.models import (
     critic_freeze_patterns,
     freeze_parameters,
     policy_token_logprobs,
-    use_packed_sdpa,
+    use_packed_attention,
 )
 from sao_harness.trainer.objective import policy_loss, training_advantages, value_mask
 from sao_harness.trainer.precision import (
@@ -67,6 +72,7 @@ from sao_harness.trainer.precision import (
     to_master_weights,
     train_mode,
 )
+from sao_harness.trainer.router_replay import RouterReplay, check_routes
 
 
 def _grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:
@@ -97,13 +103,16 @@ class SAOTrainer:
         for module in (policy, critic):
             if module is not None:
                 to_master_weights(module).to(self.device)
-        use_packed_sdpa(policy)  # packed micro-batches: SDPA per trajectory, no [L, L] mask (trainer.models)
+        use_packed_attention(policy, config.attn_impl)  # packed micro-batches: no [L, L] mask (trainer.models)
         if critic is not None:
-            use_packed_sdpa(critic.backbone)
+            use_packed_attention(critic.backbone, config.attn_impl)
         if config.gradient_checkpointing:
             enable_activation_checkpointing(policy)
             if critic is not None:
                 enable_activation_checkpointing(critic.backbone)
+        self.replay = RouterReplay(policy)  # the routers, patched: replay only inside `_routing`
+        if config.router_replay == "on" and not self.replay.is_moe:
+            raise ValueError("trainer.router_replay=on: the policy has no MoE router to replay; use auto or off")
         self.pad_token_id = getattr(policy.config, "pad_token_id", None) or 0
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
         self.policy_optimizer = torch.optim.AdamW(self.policy_params, lr=config.lr, weight_decay=config.weight_decay)
@@ -185,9 +194,30 @@ class SAOTrainer:
             self.critic_optimizer.step()
             self.critic_optimizer_steps += 1
             losses.append(total)
+        losses = [losses[0], losses[-1]] if self.dist is None else self.dist._reduce([losses[0], losses[-1]])
         return {"loss/value_loss": losses[0], "loss/value_loss_last_step": losses[-1],
                 "critic/grad_norm": sum(grad_norms) / len(grad_norms),
                 "critic/lr": self.critic_optimizer.param_groups[0]["lr"]}
+
+    def _check_routes(self, trajectories: list[Trajectory]) -> None:
+        """An MoE policy: every trace's routes are this policy's; with router_replay=on, every trace has them."""
+        if not self.replay.is_moe:
+            return
+        for traj in trajectories:
+            where = f"trajectory {traj.traj_id} (task {traj.task_id})"
+            if traj.routed_experts is not None:
+                check_routes(torch.from_numpy(traj.routed_experts), self.replay, where)
+            elif self.config.router_replay == "on":
+                raise ValueError(f"{where}: no routed_experts, and trainer.router_replay=on replays the engine's "
+                                 "routes on this MoE policy: record them (the hf engine, or vllm on GPUs, with an "
+                                 "MoE model) or set trainer.router_replay=auto or off")
+
+    def _routing(self, mb: PackedRows):
+        """The context of a policy pass on `mb`: the engine's routes replayed (router_replay on / auto), or only
+        measured (off); nothing without routes or on a dense policy."""
+        if mb.routes is None or not self.replay.is_moe:
+            return contextlib.nullcontext()
+        return self.replay.replaying(mb.routes, observe=self.config.router_replay == "off")
 
     def _logprobs(self, mb: PackedRows):
         cfg, s = self.config, self.sampling
@@ -201,7 +231,8 @@ class SAOTrainer:
         logp_old, entropy_old = torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape)
         for rows in groups:
             mb = pack(batch, rows).to(self.device)
-            logp, entropy = self._logprobs(mb)
+            with self._routing(mb):
+                logp, entropy = self._logprobs(mb)
             mb.scatter(logp, logp_old)
             mb.scatter(entropy, entropy_old)
         self._balance(self.policy, len(groups))
@@ -216,11 +247,12 @@ class SAOTrainer:
         num_kept, clipped = 0.0, 0.0
         for rows in groups:
             mb = pack(batch, rows).to(self.device)
-            logp, entropy = self._logprobs(mb)
-            old = None if logp_old is None else mb.gather(logp_old)
-            loss_sum, metrics = policy_loss(logp, mb.logp_rollout, mb.gather(advantages), mb.action_mask,
-                                            cfg, normalizer=1.0, logp_old=old)
-            loss_sum.backward()
+            with self._routing(mb):  # forward and backward: a checkpointed layer's recompute routes alike
+                logp, entropy = self._logprobs(mb)
+                old = None if logp_old is None else mb.gather(logp_old)
+                loss_sum, metrics = policy_loss(logp, mb.logp_rollout, mb.gather(advantages), mb.action_mask,
+                                                cfg, normalizer=1.0, logp_old=old)
+                loss_sum.backward()
             num_kept += metrics.get("num_kept_tokens", 0.0)
             clipped += metrics.get("ppo_clip_frac", 0.0) * metrics["num_action_tokens"]
             if record is not None:
@@ -267,16 +299,20 @@ class SAOTrainer:
                     grad_norms.append(grad_norm)
                     clipped, tokens = clipped + clip["clipped"], tokens + clip["tokens"]
         self.policy_version += 1
-        extra = {"ppo_clip_frac": clipped / max(tokens, 1.0)} if cfg.policy_loss == "ppo" else {}
+        extra = {"policy/clip_frac": self._sum(clipped) / max(tokens, 1.0)} if cfg.policy_loss == "ppo" else {}
         return logp_all, entropy_all, sum(grad_norms) / len(grad_norms), extra
 
     # --- the step -------------------------------------------------------------------------------
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """One SAO update on a batch of finished trajectories -> the metrics of docs/algorithm.md section 7."""
+        """One SAO update on a batch of finished trajectories -> the metrics of docs/algorithm.md section 7.
+
+        Data-parallel, every metric is of the whole batch: the per-token ones are computed on every rank's
+        tokens gathered (`_gather_tokens`), counts are summed, times are the slowest rank's."""
         cfg = self.config
         metrics: dict[str, float] = {}
         n_in = len(trajectories)
         kept, unrewarded, stale, broken = self._select(trajectories)
+        self._check_routes(kept)
         metrics.update({
             "rollout/trajectories_in": float(n_in), "rollout/excluded_unrewarded": float(unrewarded),
             "rollout/dropped_stale": float(stale), "rollout/break_frac": broken / max(n_in, 1),
@@ -300,11 +336,10 @@ class SAOTrainer:
         advantages_raw, advantages, returns = training_advantages(batch, values, cfg, self.baseline, whiten)
         t1 = time.perf_counter()
 
+        tokens = {"adv_raw": advantages_raw[mask], "adv": advantages[mask]}  # per-token values of the metrics
         if use_critic:
             trained = value_mask(batch, cfg)
-            metrics["critic/explained_variance"] = explained_variance(values, returns, trained)
-            metrics.update(_stats(values, trained, "critic/value"))
-            metrics.update(_stats(returns, trained, "critic/return"))
+            tokens.update(values=values[trained], returns=returns[trained])
             if cfg.critic_steps > 0:
                 metrics.update(self._critic_steps(batch, groups, returns, values, trained))
         t2 = time.perf_counter()
@@ -313,41 +348,77 @@ class SAOTrainer:
         if train_policy:
             version_before = self.policy_version
             logp, entropy, grad_norm, step_metrics = self._policy_step(batch, groups, advantages)
-            with torch.no_grad():
-                loss, loss_metrics = policy_loss(logp, batch.logp_rollout, advantages, mask, cfg)
-            loss_metrics.update(step_metrics)
-            diff = (logp - batch.logp_rollout).abs()[mask]
-            diff = diff[torch.isfinite(diff)]  # a token outside top-k / top-p now has logp = -inf
-            lag = (version_before - batch.policy_version)[mask].float()
-            metrics.update(_policy_metrics(loss_metrics))
-            metrics.update({
-                "loss/policy_loss": loss.item(), "policy/grad_norm": grad_norm,
-                "policy/lr": self.policy_optimizer.param_groups[0]["lr"],
-                "policy/entropy": entropy[mask].mean().item() if mask.any() else 0.0,
-                "policy/logp_abs_diff_mean": diff.mean().item() if diff.numel() else 0.0,
-                "policy/logp_abs_diff_max": diff.max().item() if diff.numel() else 0.0,
-                "rollout/version_lag_mean": lag.mean().item() if mask.any() else 0.0,
-                "rollout/version_lag_max": lag.max().item() if mask.any() else 0.0,
-            })
+            tokens.update(logp=logp[mask], logp_rollout=batch.logp_rollout[mask], entropy=entropy[mask],
+                          lag=(version_before - batch.policy_version)[mask].float())
+            metrics.update({"policy/grad_norm": grad_norm, "policy/lr": self.policy_optimizer.param_groups[0]["lr"]})
+            agree, choices = self.replay.agreement()
+            agree, choices = self._sum(agree), self._sum(choices)
+            if choices:
+                metrics["rollout/route_agreement"] = agree / choices
         t3 = time.perf_counter()
         self.updates += 1
 
-        truncated = sum(t.status in TRUNCATED for t in kept)
-        metrics.update(_stats(advantages_raw, mask, "policy/adv_raw"))
-        metrics.update(_stats(advantages, mask, "policy/adv"))
-        tokens = float(batch.attention_mask.sum())
+        tokens = self._gather_tokens(tokens)
+        metrics.update(token_metrics(tokens, cfg))
+        if train_policy:
+            metrics.update(step_metrics)  # PPO: the clip fraction over the training passes, not the no-grad one
+        seconds = {"time/advantages_s": t1 - t0, "time/critic_s": t2 - t1, "time/policy_s": t3 - t2}
+        if self.dist is not None:
+            seconds = dict(zip(seconds, self.dist.reduce_max(list(seconds.values()))))
+        n_kept, n_tokens = self._sum(len(kept)), self._sum(float(batch.attention_mask.sum()))
+        n_action = float(tokens["adv"].numel())
+        truncated = self._sum(sum(t.status in TRUNCATED for t in kept))
+        rewards = self._gather_tokens({"r": batch.reward})["r"]
         metrics.update({
             "policy/skipped_update": 0.0, "policy/trained": float(train_policy),
             "policy/version": float(self.policy_version), "critic/optimizer_steps": float(self.critic_optimizer_steps),
-            "rollout/trajectories": float(len(kept)), "perf/micro_batches": float(len(groups)),
-            "rollout/action_tokens": float(mask.sum()), "rollout/action_tokens_per_traj": float(mask.sum()) / len(kept),
-            "rollout/tokens": tokens, "rollout/turns_mean": sum(t.turns for t in kept) / len(kept),
-            "rollout/truncation_rate": truncated / len(kept), "rollout/reward_mean": batch.reward.mean().item(),
-            "rollout/reward_std": batch.reward.std(unbiased=False).item(),
-            "perf/update_tokens_per_s": tokens / max(t3 - t0, 1e-9),
-            "time/advantages_s": t1 - t0, "time/critic_s": t2 - t1, "time/policy_s": t3 - t2,
+            "rollout/trajectories": n_kept, "perf/micro_batches": self._sum(len(groups)),
+            "rollout/action_tokens": n_action, "rollout/action_tokens_per_traj": n_action / n_kept,
+            "rollout/tokens": n_tokens, "rollout/turns_mean": self._sum(sum(t.turns for t in kept)) / n_kept,
+            "rollout/truncation_rate": truncated / n_kept, "rollout/reward_mean": rewards.mean().item(),
+            "rollout/reward_std": rewards.std(unbiased=False).item(),
+            "perf/update_tokens_per_s": n_tokens / max(sum(seconds.values()), 1e-9), **seconds,
         })
         return {k: float(v) for k, v in metrics.items()}
+
+    def _gather_tokens(self, tokens: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-token (1-D) tensors of this rank -> those of every rank, concatenated (one process: as given)."""
+        if self.dist is None:
+            return tokens
+        parts = self.dist.gather({k: v.detach().cpu() for k, v in tokens.items()})
+        return {k: torch.cat([p[k] for p in parts]) for k in tokens}
+
+
+def token_metrics(tokens: dict[str, torch.Tensor], cfg: TrainerConfig) -> dict[str, float]:
+    """The metrics of the update's per-token values (1-D, the whole batch's): advantages over the action tokens,
+    values and returns over the value tokens (gae), logprobs, entropy and version lag over the action tokens
+    (when the policy trained), with the policy loss and its diagnostics on the pre-update logprobs."""
+    metrics = {}
+    metrics.update(_stats(tokens["adv_raw"], "policy/adv_raw"))
+    metrics.update(_stats(tokens["adv"], "policy/adv"))
+    if "values" in tokens:
+        every = torch.ones_like(tokens["values"], dtype=torch.bool)
+        metrics["critic/explained_variance"] = explained_variance(tokens["values"], tokens["returns"], every)
+        metrics.update(_stats(tokens["values"], "critic/value"))
+        metrics.update(_stats(tokens["returns"], "critic/return"))
+    if "logp" in tokens:
+        logp, logp_rollout, adv = tokens["logp"], tokens["logp_rollout"], tokens["adv"]
+        every = torch.ones_like(logp, dtype=torch.bool)
+        with torch.no_grad():
+            loss, loss_metrics = policy_loss(logp, logp_rollout, adv, every, cfg)
+        diff = (logp - logp_rollout).abs()
+        diff = diff[torch.isfinite(diff)]  # a token outside top-k / top-p now has logp = -inf
+        lag, n = tokens["lag"], logp.numel()
+        metrics.update(_policy_metrics(loss_metrics))
+        metrics.update({
+            "loss/policy_loss": loss.item(), "policy/entropy": tokens["entropy"].mean().item() if n else 0.0,
+            "policy/logp_abs_diff_mean": diff.mean().item() if diff.numel() else 0.0,
+            "policy/logp_abs_diff_max": diff.max().item() if diff.numel() else 0.0,
+            "policy/logp_abs_diff_p99": torch.quantile(diff.double(), 0.99).item() if diff.numel() else 0.0,
+            "rollout/version_lag_mean": lag.mean().item() if n else 0.0,
+            "rollout/version_lag_max": lag.max().item() if n else 0.0,
+        })
+    return metrics
 
 
 # trainer.losses' diagnostics, logged as policy/<name>: renamed here; None: not logged (= rollout/action_tokens)
@@ -364,8 +435,8 @@ def _policy_metrics(loss_metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _stats(x: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[str, float]:
-    vals = x[mask].float()
+def _stats(x: torch.Tensor, prefix: str) -> dict[str, float]:
+    vals = x.float()
     if vals.numel() == 0:
         return {f"{prefix}_mean": 0.0, f"{prefix}_std": 0.0}
     return {f"{prefix}_mean": vals.mean().item(), f"{prefix}_std": vals.std(unbiased=False).item()}

@@ -41,7 +41,7 @@ from sao_harness.core.files import atomic_dir
 from sao_harness.trainer import distributed, sharded
 from sao_harness.trainer.batch import pack_groups
 from sao_harness.trainer.config import SFTConfig, TrainerConfig
-from sao_harness.trainer.models import policy_token_logprobs, use_packed_sdpa
+from sao_harness.trainer.models import policy_token_logprobs, use_packed_attention
 from sao_harness.trainer.precision import autocast, train_mode
 
 MAX_GRAD_NORM = 1.0  # transformers' TrainingArguments.max_grad_norm, which TRL keeps and `sao sft` never sets
@@ -108,7 +108,7 @@ def train(policy: distributed.LogprobView, dp: distributed.DataParallel, example
     Returns the records {step, loss, grad_norm, learning_rate, entropy, num_tokens, epoch} (TRL's log
     names; the whole step's, the same on every rank); `report(step, T, numbers)` gets each one."""
     device, compute = dp.device, getattr(torch, dtype)
-    use_packed_sdpa(policy.lm)
+    use_packed_attention(policy.lm, trainer.attn_impl)
     train_mode(policy)
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=0.0)

@@ -51,7 +51,7 @@ from sao_harness.trainer.critic_init import freeze_critic, load_backbone_critic
 from sao_harness.trainer.gae import skip_observation_gae
 from sao_harness.trainer.losses import explained_variance, value_loss
 from sao_harness.trainer.metrics import METRICS_FILE, TB_DIR, MetricsLogger
-from sao_harness.trainer.models import Critic, save_critic, use_packed_sdpa
+from sao_harness.trainer.models import Critic, save_critic, use_packed_attention
 from sao_harness.trainer.precision import (
     autocast,
     enable_activation_checkpointing,
@@ -110,7 +110,6 @@ def _critic_pass(critic: Critic, batch: TrajectoryBatch, groups: list[list[int]]
     dtype) on packed micro-batches, as SAOTrainer's."""
     values = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     total = 0.0
-    use_packed_sdpa(critic.backbone)  # idempotent: SDPA per trajectory on packed rows
     for rows in groups:
         mb = pack(batch, rows).to(device)
         with torch.set_grad_enabled(backward), autocast(device, dtype):
@@ -131,6 +130,7 @@ def _pass(critic: Critic, trajectories: list[Trajectory], trainer: TrainerConfig
     Under `dp` (every rank calls, with the same trajectories) this rank runs its token-balanced part
     (distributed.split), divides by the action tokens of all parts, pads its forwards up to the ranks'
     most, and the three are the whole batch's."""
+    use_packed_attention(critic.backbone, trainer.attn_impl)  # idempotent: the packed rows' attention
     mine = trajectories if dp is None else distributed.split(trajectories, dp.world_size)[dp.rank]
     batch = build_batch(mine, pad_token_id) if mine else None
     groups = micro_batches(batch, trainer.max_tokens_per_microbatch) if mine else []

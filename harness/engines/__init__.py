@@ -34,7 +34,7 @@ register_engine(EngineSpec("vllm", "sao_harness.harness.engines.vllm:VLLMEngine"
 register_engine(EngineSpec("scripted", ScriptedEngine, "a test double that replays given replies"))
 register_engine(EngineSpec("expert", "sao_harness.harness.engines.expert:ExpertEngine",
                            "the tasks' gold patches as minimal "
-                           "file_editor edits, then finish (SFT data)", tool_parsers=("hermes",)))
+                           "file_editor edits, then finish (SFT data)"))
 
 
 def sampling_from_config(cfg, **overrides) -> SamplingParams:

@@ -6,7 +6,9 @@ new version; its KV cache from the old weights is kept, as in-flight updates do)
 requests (prefill each alone, sample its first token), then advances every active request by one
 token in ONE batched forward: the per-request KV caches are left-padded into one batched cache,
 rebuilt only when the set of active requests changes. Each token records the policy version that
-sampled it. Sampling follows ``harness.engines.sampling``.
+sampled it. Sampling follows ``harness.engines.sampling``. An MoE model's routers are watched
+(``harness.engines.routes.RouteRecorder``): a request with ``routes_from`` gets the experts of its
+prompt's positions from there (its prefill) and of each token it fed back (its decode steps).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from sao_harness.harness.engines.protocol import (
@@ -26,6 +29,7 @@ from sao_harness.harness.engines.protocol import (
     SamplingParams,
     find_stop,
 )
+from sao_harness.harness.engines.routes import RouteRecorder
 from sao_harness.harness.engines.sampling import sample_token
 from sao_harness.harness.tiny_model import resolve_model_path
 
@@ -43,6 +47,7 @@ class _Request:
         self.finish: str | None = None
         self.stop_str: str | None = None
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # own cache while not batched
+        self.routes: list | None = None if sampling.routes_from is None else []  # numpy [n, layers, top_k] parts
         self.cached = 0  # tokens in this request's KV cache
         self.t0 = time.perf_counter()
 
@@ -74,6 +79,8 @@ class HFEngine(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype)).to(self.device)
         self.model.eval()
+        self._route_log = RouteRecorder(self.model)
+        self.returns_routes = self._route_log.enabled
         gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
         gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
         self.eos_ids = {int(i) for i in [*gen_eos, self.tokenizer.eos_token_id] if i is not None}
@@ -106,6 +113,9 @@ class HFEngine(Engine):
         vocab = self.model.config.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise EngineError(f"hf engine: prompt holds token ids outside [0, {vocab})")
+        if sampling.routes_from is not None and sampling.routes_from > len(prompt_ids):
+            raise EngineError(f"hf engine: routes_from={sampling.routes_from} is past the prompt's "
+                              f"{len(prompt_ids)} tokens")
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._rng))
         req = _Request(list(prompt_ids), sampling, torch.Generator().manual_seed(seed))
         self._inbox.put(("generate", req))
@@ -219,6 +229,10 @@ class HFEngine(Engine):
             out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
             req.kv = [(layer.keys, layer.values) for layer in out.cache.layers]
             req.cached = len(req.prompt)
+            if req.routes is not None:
+                req.routes.append(self._route_log.take()[req.sp.routes_from:])
+            elif self.returns_routes:
+                self._route_log.discard()
             self._stats["prefills"] += 1
             self._sample(req, out.logits[0, -1])
             if req.finish is None:
@@ -279,8 +293,14 @@ class HFEngine(Engine):
                          use_cache=True, logits_to_keep=1)
         self._cache, self._mask = out.cache, mask
         self._stats["steps"] += 1
+        wanted = self.returns_routes and any(r.routes is not None for r in self._active)
+        routes = self._route_log.take() if wanted else None  # [batch, layers, top_k]: row = request
+        if self.returns_routes and not wanted:
+            self._route_log.discard()
         for row, req in enumerate(self._active):
             req.cached += 1
+            if req.routes is not None:
+                req.routes.append(routes[row:row + 1])
             if req.cancelled:
                 continue
             self._sample(req, out.logits[row, -1])
@@ -310,5 +330,6 @@ class HFEngine(Engine):
 
     def _resolve(self, req: _Request) -> None:
         if not req.future.done():
+            routes = np.concatenate(req.routes) if req.routes else None
             req.future.set_result(GenerateResult(req.ids, req.lps, req.finish, req.versions, req.stop_str,
-                                                 {"engine_s": time.perf_counter() - req.t0}))
+                                                 {"engine_s": time.perf_counter() - req.t0}, routes))

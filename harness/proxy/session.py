@@ -14,6 +14,14 @@ rendered anchored on the end of that turn (``ChatTemplate.after_reply``). When t
 messages do not extend what the sequence saw (``Session._extends``), a new sequence starts whose
 ``obs_1`` is a full render of the messages, and ``Trajectory.breaks`` records the trace offset where it
 starts. A turn that fails (budget, engine) leaves the trace and the sequence as they were.
+
+Routed experts (an engine with ``returns_routes``: an MoE policy). A token's route is the one of the turn
+that first fed it to the model: each turn asks for the routes of the positions no earlier turn routed
+(``routes_from``), the earlier ones stay. That is the computation the later tokens were sampled on when
+the engine reuses its KV cache for the prefix (vLLM's prefix caching), and with no weight update between
+turns a re-prefill routes the prefix the same way. One row per trace token (``Trajectory.routed_experts``);
+the last token (never fed back) and, after a break, the old sequence's last token get -1. A turn
+answered without routes drops them for the whole episode (``metadata.routes``), never half a trace.
 """
 from __future__ import annotations
 
@@ -25,8 +33,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from sao_harness.harness.engines import EngineTimeout, GenerateResult, SamplingParams, sampling_from_config
 from sao_harness.harness.engines.protocol import find_stop
+from sao_harness.harness.engines.routes import NO_ROUTE, ROUTE_DTYPE, check_routes
 from sao_harness.harness.proxy.messages import ProxyError, is_produced, message_key, normalize_message
 from sao_harness.harness.proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, no_tool_parser
 from sao_harness.harness.proxy.template import ChatTemplate, drift_report
@@ -105,6 +116,10 @@ class Session:
         # per turn: engine_s, proxy_s (wall) / proxy_cpu_s outside the engine, token counts
         self.turn_log: list[dict] = []
         self.created = time.time()
+        # routed experts (module doc): parts in trace order covering tokens [0, n_routed); None: not recorded
+        self.routes: list | None = [] if getattr(setup.engine, "returns_routes", False) else None
+        self.routes_note = "recorded" if self.routes is not None else "the engine returns none"
+        self.n_routed = 0
 
     def _set_status(self, status: Status) -> None:
         if _STATUS_RANK[status] > _STATUS_RANK[self.status]:
@@ -125,9 +140,13 @@ class Session:
         obs = self._observation(new, tools, tools_key, cont)
         prompt = self.seq if cont else []  # the session's own list, extended in place (no O(history) copy)
         mark = len(prompt)  # ... and rolled back to ``mark`` on failure
+        seq_start = self.n_tokens - mark  # the trace index of the prompt's first token
         prompt.extend(obs)
         run_sp, clipped = self._budget(prompt, mark, sp)
+        if self.routes is not None:
+            run_sp = dataclasses.replace(run_sp, routes_from=max(0, self.n_routed - seq_start))
         res, engine_s, engine_cpu = self._generate(prompt, mark, run_sp)
+        self._record_routes(res, len(prompt), seq_start, run_sp.routes_from)
         self._record_tokens(prompt, obs, res, clipped, cont, new, tools, tools_key)
         message = self._reply(res, sp, tools)
         self._record_messages(messages, seen, new, message, cont)
@@ -204,6 +223,23 @@ class Session:
                 raise ProxyError(504, f"engine timeout: {e}", "engine_timeout", "engine_timeout") from None
             raise ProxyError(503, f"engine error: {e}", "engine_error", "engine_error") from None
         return res, time.perf_counter() - t1, time.thread_time() - c1
+
+    def _record_routes(self, res: GenerateResult, n_prompt: int, seq_start: int, routes_from: int | None) -> None:
+        """Keep the turn's routes of the positions no earlier turn routed (module doc): -1 rows over a gap
+        (a break), then the engine's ``n_prompt - routes_from + len(tokens) - 1`` rows."""
+        if self.routes is None:
+            return
+        if res.routes is None:
+            self.routes, self.routes_note = None, f"dropped: turn {self.turns + 1} came back without routes"
+            return
+        rows = n_prompt - routes_from + len(res.token_ids) - 1
+        shape = self.routes[0].shape[1:] if self.routes else tuple(res.routes.shape[1:])
+        routes = check_routes(res.routes, rows, shape, f"episode {self.episode_id} turn {self.turns + 1}")
+        start = seq_start + routes_from
+        if start > self.n_routed:
+            self.routes.append(np.full((start - self.n_routed, *shape), NO_ROUTE, dtype=ROUTE_DTYPE))
+        self.routes.append(routes)
+        self.n_routed = start + rows
 
     def _record_tokens(self, prompt: list[int], obs: list[int], res: GenerateResult, clipped: bool, cont: bool,
                        new: list[dict], tools: list | None, tools_key: str | None) -> None:
@@ -287,8 +323,18 @@ class Session:
             log = self.turn_log
             timings = {"engine_s": sum(t["engine_s"] for t in log), "proxy_s": sum(t["proxy_s"] for t in log),
                        "wall_s": time.time() - self.created}
+            meta["routes"] = self.routes_note
             return Trajectory(task_id=self.task_id, segments=list(self.segments), status=self.status, reward=None,
-                              turns=self.turns, timings=timings, metadata=meta, breaks=list(self.breaks)).validate()
+                              turns=self.turns, timings=timings, metadata=meta, breaks=list(self.breaks),
+                              routed_experts=self._routed_experts()).validate()
+
+    def _routed_experts(self) -> np.ndarray | None:
+        """One route row per trace token, -1 past the last routed one; None when not recorded (or no turn)."""
+        if not self.routes:
+            return None
+        shape = self.routes[0].shape[1:]
+        tail = np.full((self.n_tokens - self.n_routed, *shape), NO_ROUTE, dtype=ROUTE_DTYPE)
+        return np.concatenate([*self.routes, tail])
 
 
 def _request_messages(body: dict) -> tuple[list, list | None, str | None]:

@@ -2,7 +2,9 @@
 
 - `simulated`: real generations through the proxy, synthetic observations and sleeps (`testbed.simulated.*`).
 - `toy`: the learning test-bed, a multi-turn parity game the tiny model learns in minutes (`testbed.toy.*`).
+- `chain`: the long-horizon test-bed, 8 to 40 turns (heavy-tailed) whose one reward is decided at a few of
+  them, across long filler observations (`testbed.chain.*`).
 
-Both are episode functions `fn(task, ctx, episode_id) -> Trajectory` in `harness.runner.EPISODES`;
+Each is an episode function `fn(task, ctx, episode_id) -> Trajectory` in `harness.runner.EPISODES`;
 their config sections are in `harness.testbeds.config` (cheap to import: the modules here load the proxy).
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sao_harness.core.config import Section
 
@@ -23,6 +23,39 @@ class ToyConfig(Section):
     repeat: int = Field(8, gt=0, description="times each observation repeats the parity word")
     stakes: float = Field(0.0, ge=0, lt=1, description="per-episode stake named in the first message, low or "
                           "high: the reward is scaled by 1 - stakes or 1 + stakes (0 = off)")
+
+
+class ChainConfig(Section):
+    """`trainer.env: chain` (harness.testbeds.chain): long, heavy-tailed episodes; reward = fraction of the decision
+    turns whose reply starts with the named parity."""
+
+    turns_min: int = Field(8, gt=0, description="turns per episode = min(turns_max, floor(turns_min * X)), "
+                           "X ~ Pareto(turns_alpha): the shortest episode")
+    turns_max: int = Field(40, gt=0, description="the longest episode, in turns")
+    turns_alpha: float = Field(2.0, gt=0, description="Pareto index of the turn count (smaller = heavier tail; "
+                               "2: median floor(turns_min * 1.41), P(turns_max) = (turns_min / turns_max)^2)")
+    decisions: int = Field(3, gt=0, description="turns whose reply the reward counts: the first and "
+                           "decisions - 1 drawn among the rest (at most turns_min)")
+    target: Literal["decision", "episode"] = Field(
+        "decision", description="the parity each decision must have: drawn once per decision or once per episode")
+    repeat: int = Field(4, gt=0, description="times a decision's observation repeats the parity word")
+    obs_words_median: float = Field(24.0, gt=0, description="filler words per observation ~ "
+                                    "LogNormal(log(median), obs_words_sigma), clipped to [obs_words_min, "
+                                    "obs_words_max]")
+    obs_words_sigma: float = Field(1.0, ge=0, description="sigma of the filler words per observation")
+    obs_words_min: int = Field(8, gt=0, description="the fewest filler words in one observation")
+    obs_words_max: int = Field(240, gt=0, description="the most filler words in one observation")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChainConfig:
+        if self.turns_min > self.turns_max:
+            raise ValueError(f"testbed.chain.turns_min={self.turns_min} is above turns_max={self.turns_max}")
+        if self.decisions > self.turns_min:
+            raise ValueError(f"testbed.chain.decisions={self.decisions} is above turns_min={self.turns_min}")
+        if self.obs_words_min > self.obs_words_max:
+            raise ValueError(f"testbed.chain.obs_words_min={self.obs_words_min} is above "
+                             f"obs_words_max={self.obs_words_max}")
+        return self
 
 
 class SimulatedConfig(Section):
@@ -49,4 +82,5 @@ class TestbedConfig(Section):
     __test__ = False  # not a pytest test class
 
     toy: ToyConfig = ToyConfig()
+    chain: ChainConfig = ChainConfig()
     simulated: SimulatedConfig = SimulatedConfig()

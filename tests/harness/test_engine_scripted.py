@@ -71,10 +71,14 @@ def test_make_engine_expert_replies_by_task_and_turn(tok):
     eng = make_engine(cfg, tasks=[task], read_file=None)  # no file reader: the gold patch's hunk-wide edits
     assert isinstance(eng, ExpertEngine) and eng.health()["tasks"] == 1
 
-    def turn(n):
-        prompt = tok.encode(f"<|im_start|>user\n{task.problem_statement}<|im_end|>\n"
-                            + "<|im_start|>assistant\n" * (n + 1), add_special_tokens=False)
-        return tok.decode(eng.generate(prompt, SamplingParams(max_tokens=4096)).token_ids[:-1])
+    def turn(prompt):
+        ids = eng.generate(prompt, SamplingParams(max_tokens=4096)).token_ids
+        return ids, tok.decode(ids[:-1])
 
-    assert '"str_replace"' in turn(0) and '"finish"' in turn(1)
+    prompt = tok.encode(f"<|im_start|>user\n{task.problem_statement}<|im_end|>\n<|im_start|>assistant\n",
+                        add_special_tokens=False)
+    first, text = turn(prompt)
+    assert '"str_replace"' in text and turn(prompt)[1] == text  # the turn: the replies already in the prompt
+    observation = tok.encode("\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    assert '"finish"' in turn(prompt + first + observation)[1]
     assert eng.health()["planned"] == 1

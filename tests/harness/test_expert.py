@@ -8,7 +8,6 @@ ids the engine emitted.
 """
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from unidiff import PatchSet
 
 from sao_harness.harness.engines.scripted_policy import gold_replies
 from sao_harness.harness.expert import expert_replies, minimal_edits
+from sao_harness.harness.proxy.parsers import write_hermes
 from sao_harness.harness.trace import Status
 from sao_harness.tasks.loaders import load_tasks
 
@@ -24,12 +24,13 @@ TASKS = ["sao-harness__minicfg-8", "sao-harness__spanlib-8", "sao-harness__table
 
 
 def _calls(replies):
-    return [json.loads(r.split("<tool_call>\n", 1)[1].rsplit("\n</tool_call>", 1)[0]) for r in replies]
+    return [{"name": n, "arguments": a} for r in replies for n, a in r.calls]
 
 
-def _apply(files: dict, read, call: dict) -> None:
-    """The SDK editor's str_replace / create on an in-memory copy (old_str must occur exactly once)."""
-    a = call["arguments"]
+def _apply(files: dict, read, call: dict, strips: bool = False) -> None:
+    """The SDK editor's str_replace / create on an in-memory copy (old_str must occur exactly once); ``strips``:
+    every value stripped first, as the SDK reads the prompt tool format."""
+    a = {k: v.strip() if strips and isinstance(v, str) else v for k, v in call["arguments"].items()}
     if a["command"] == "create":
         files[a["path"]] = a["file_text"]
         return
@@ -47,7 +48,8 @@ def tokenizer(tiny_model_dir):
 
 
 def _action_tokens(tokenizer, replies) -> int:
-    return sum(len(tokenizer.encode(r, add_special_tokens=False)) + 1 for r in replies)  # + EOS, as emitted
+    return sum(len(tokenizer.encode(write_hermes(r.content, r.calls), add_special_tokens=False)) + 1
+               for r in replies)  # + EOS, as emitted
 
 
 def test_minimal_edits_grow_context_only_until_unique():
@@ -61,7 +63,24 @@ def test_minimal_edits_grow_context_only_until_unique():
     assert minimal_edits("something else\n", pf) is None  # the diff does not match: the caller falls back
 
 
+def test_minimal_edits_survive_the_prompt_formats_stripping():
+    """The SDK strips every value of a prompt-format call: an edit whose old and new ends differ in whitespace
+    grows context until the stripped edit does the same (at the file's start it cannot: None, the caller falls
+    back)."""
+    text = "x = 0\ndef f():\n    return 1\n"
+    diff = "--- a/f.py\n+++ b/f.py\n@@ -1,3 +1,4 @@\n x = 0\n-def f():\n+    # f\n+def f():\n     return 1\n"
+    [pf] = PatchSet(diff)
+    assert minimal_edits(text, pf) == [("def f():", "    # f\ndef f():")]  # stripped, the comment loses its indent
+    assert minimal_edits(text, pf, strips=True) == [("x = 0\ndef f():", "x = 0\n    # f\ndef f():")]
+    [pf] = PatchSet(diff.replace("@@ -1,3 +1,4 @@\n x = 0\n", "@@ -1,2 +1,3 @@\n"))
+    assert minimal_edits(text.removeprefix("x = 0\n"), pf, strips=True) is None
+    diff = "--- a/f.py\n+++ b/f.py\n@@ -2,2 +2,3 @@\n def f():\n+    y = 2\n     return 1\n"
+    [pf] = PatchSet(diff)
+    assert minimal_edits(text, pf, strips=True) == minimal_edits(text, pf) == [("def f():", "def f():\n    y = 2")]
+
+
 def test_expert_edits_apply_each_bundled_gold_patch_and_are_short(tmp_path, tokenizer):
+    """Also planned for the prompt tool format (``strips``): the stripped values apply the patch as well."""
     expert = gold = 0
     for task in load_tasks("bundled"):
         repo = tmp_path / task.instance_id
@@ -75,14 +94,18 @@ def test_expert_edits_apply_each_bundled_gold_patch_and_are_short(tmp_path, toke
             return p.read_text() if p.is_file() else None
 
         replies = expert_replies(task, read)
-        files: dict[str, str] = {}
-        calls = _calls(replies)
-        assert calls[-1]["name"] == "finish" and all(c["name"] == "file_editor" for c in calls[:-1])
-        for call in calls[:-1]:
-            _apply(files, read, call)
+        applied = []
+        for strips in (False, True):
+            files: dict[str, str] = {}
+            calls = _calls(expert_replies(task, read, strips=strips))
+            assert calls[-1]["name"] == "finish" and all(c["name"] == "file_editor" for c in calls[:-1])
+            for call in calls[:-1]:
+                _apply(files, read, call, strips)
+            applied.append(files)
         subprocess.run(["git", "-C", str(repo), "apply", "-"], input=task.patch.encode(), check=True)
-        for path, text in files.items():
-            assert read(None, path) == text, (task.instance_id, path)
+        for files in applied:
+            for path, text in files.items():
+                assert read(None, path) == text, (task.instance_id, path)
         expert += _action_tokens(tokenizer, replies)
         gold += _action_tokens(tokenizer, gold_replies(task))
         assert _calls(expert_replies(task, None))[:-1] == _calls(gold_replies(task))[1:-1]  # unreadable: hunks

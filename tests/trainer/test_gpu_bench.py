@@ -16,7 +16,13 @@ def bench(project_root, *args):
 def test_the_dry_run_updates_both_families_at_every_size(project_root):
     out = bench(project_root, "--dry-run")
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = [line for line in out.stdout.splitlines() if " tokens: " in line]
+    lines = [line for line in out.stdout.splitlines() if " tokens: " in line and "routed experts" not in line]
+    routes = [line for line in out.stdout.splitlines() if " tokens: routed experts" in line]
+    assert [line.split(":")[0].split() for line in routes] == [["qwen3_moe", "tiny", "x2", n, "tokens"]
+                                                               for n in ("128", "256")]
+    for line in routes:  # the MoE slice: the routes' size and the replayed update against the unreplayed one
+        assert re.search(r"routed experts \d+ B/token .* update with replay +[\d.]+ s = [\d.]+x the unreplayed",
+                         line), line
     assert [line.split(":")[0].split() for line in lines] == [
         ["qwen3", "tiny", "x2", "128", "tokens"], ["qwen3", "tiny", "x2", "256", "tokens"],
         ["qwen3_moe", "tiny", "x2", "128", "tokens"], ["qwen3_moe", "tiny", "x2", "256", "tokens"]]

@@ -30,7 +30,7 @@ def test_the_loop_checks_read_trainer_and_runtime():
 
 
 def test_trainer_env_is_one_of_the_registry(monkeypatch):
-    with pytest.raises(ValueError, match=r"unknown env 'custom' \(known: simulated, swe, toy\)"):
+    with pytest.raises(ValueError, match=r"unknown env 'custom' \(known: chain, simulated, swe, toy\)"):
         TrainerConfig(env="custom")
     monkeypatch.setitem(runner.EPISODES, "custom", lambda task, ctx, episode_id: None)
     assert TrainerConfig(env="custom").env == "custom"
