@@ -8,8 +8,9 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 CONFIG_LEARN ?= configs/learn.yaml
 CONFIG_DEMO ?= configs/demo.yaml
+CONFIG_PAPER ?= configs/paper.yaml
 
-.PHONY: setup docker images test test-vllm test-fast lint demo learn rollout-swe train value-pretrain sft eval bench clean
+.PHONY: setup docker images test test-vllm test-fast lint demo learn paper rollout-swe train value-pretrain sft eval bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -40,6 +41,9 @@ demo: setup images     ## an agent getting better in ~10 min: the test-bed, then
 
 learn: setup docker    ## the learning demo: expert traces -> SFT warm start -> SAO vs GRPO+DIS vs GRPO -> eval
 	@$(SAO) learn --config $(CONFIG_LEARN)
+
+paper: setup           ## the paper's claims on the long-horizon test-bed, seeds and 95% intervals (sao paper; ~4 h)
+	@$(SAO) paper --config $(CONFIG_PAPER)
 
 rollout-swe: setup docker
 	@$(SAO) rollout --config $(CONFIG)

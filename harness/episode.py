@@ -41,6 +41,8 @@ class EpisodeContext:
     proxy: object  # harness.proxy.ProxyServer, started
     run_id: str
     grade: bool = True  # False: leave the reward to the caller (e.g. eval grades in bulk)
+    draw: str | None = None  # what a test-bed draws its episode from: one key per sync group (its G rollouts
+    # face the same draw, as a group's rollouts of one task do), one per assignment in async; None: the episode id
 
 
 def new_episode_id(task_id: str) -> str:

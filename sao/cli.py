@@ -1,8 +1,8 @@
 """`sao`: the one command line of sao-harness.
 
 Every area registers its own subcommands (``envs.cli``, ``tasks.cli``, ``harness.cli``,
-``trainer.cli``, ``eval.cli``, ``sao.serve``; ``sao config``, ``sao demo``, ``sao learn`` and ``sao doctor``
-are here);
+``trainer.cli``, ``eval.cli``, ``sao.serve``; ``sao config``, ``sao demo``, ``sao learn``, ``sao paper`` and
+``sao doctor`` are here);
 registration is import-light, heavy imports happen in handlers.
 A command that takes a config gets ``--config FILE`` and dotted overrides (``trainer.lr=1e-6``);
 the config is validated before any work, and a bad one is a one-line error with exit code 2.
@@ -55,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
                                      "for the same wall time, each evaluated (default config: configs/learn.yaml)")
     add_config_args(p)
     p.set_defaults(func=cmd_learn)
+    p = sub.add_parser("paper", help="the paper's claims as experiments on the long-horizon test-bed, with seeds "
+                                     "and 95%% intervals (make paper: configs/paper.yaml)")
+    p.add_argument("--quick", action="store_true", help="the same experiments with paper.quick_steps and "
+                   "paper.quick_seeds (under 25 minutes on 2 cores)")
+    p.add_argument("--resume", metavar="DIR", default=None, help="continue the `sao paper` run in DIR: only its "
+                   "unfinished runs run (its own paper.yaml; --config and overrides are ignored)")
+    p.add_argument("--sweep", action="store_true", help="instead: the SAO arm at each of paper.lr_sweep, to "
+                   "choose paper.lr")
+    add_config_args(p)
+    p.set_defaults(func=cmd_paper)
     p = sub.add_parser("doctor", help="check what a run needs, one line each: ok, or what is wrong and the fix "
                                       "(installs nothing; exit 1 when a check fails)")
     add_config_args(p)
@@ -94,6 +104,17 @@ def cmd_learn(args) -> int:
     from sao_harness.sao.learn import run_learn  # lazy: the learning demo pulls in every stage
 
     return run_learn(args.cfg)
+
+
+def cmd_paper(args) -> int:
+    from sao_harness.sao.paper import run_paper, run_sweep  # lazy: the runs and the report
+
+    def log(line: str) -> None:  # progress as it happens, also through a pipe
+        print(line, flush=True)
+
+    if args.sweep:
+        return run_sweep(args.cfg, log=log)
+    return run_paper(args.cfg, quick=args.quick, resume=args.resume, log=log)
 
 
 def cmd_doctor(args) -> int:

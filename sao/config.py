@@ -118,6 +118,37 @@ class DemoConfig(Section):
     samples: int = Field(2, gt=0, description="episodes per task and policy at eval.temperature in each evaluation")
 
 
+class PaperConfig(Section):
+    """`sao paper`: the paper's claims as experiments on the chain test-bed, with seeds (sao.paper)."""
+
+    lr: float = Field(1e-3, gt=0, description="the policy learning rate of every arm (the critic's: 5x it), chosen "
+                      "once by `sao paper --sweep`")
+    lr_sweep: list[float] = Field([1e-3, 3e-3, 1e-2], min_length=1, description="`sao paper --sweep`: the "
+                                  "learning rates tried on the SAO arm")
+    sweep_seeds: int = Field(2, gt=0, description="`sao paper --sweep`: seeds per learning rate")
+    sweep_steps: int = Field(30, gt=0, description="`sao paper --sweep`: policy steps per run")
+    steps: int = Field(100, gt=0, description="policy steps per run")
+    seeds: int = Field(3, gt=0, description="seeds per arm (run.seed 0, 1, ...)")
+    c1_seeds: int = Field(5, gt=0, description="seeds per arm of C1 (stability)")
+    pretrain_steps: int = Field(5, ge=0, description="value pretraining: critic-only updates before the first "
+                                "policy step (trainer.critic_only_steps) of every arm with a critic but C3's "
+                                "no-pretraining arm")
+    quick_steps: int = Field(12, gt=0, description="--quick: policy steps per run")
+    quick_seeds: int = Field(2, gt=0, description="--quick: seeds per arm, C1's too")
+    quick_pretrain_steps: int = Field(2, ge=0, description="--quick: critic-only updates before the policy's")
+    shifts: int = Field(2, gt=0, description="C8: preference shifts in a run, evenly spaced "
+                        "(testbed.chain.shift_every = steps / (shifts + 1))")
+    collapse_drop: float = Field(0.2, gt=0, description="C1: a run collapses at the first policy step whose "
+                                 "10-step moving-average reward is this far below the best one before it")
+    ev_first_steps: int = Field(5, gt=0, description="C3: value pretraining is judged by the explained variance "
+                                "over the first this-many policy steps")
+    parallel: int = Field(1, gt=0, description="runs at once (C7's arms always run alone: they compare wall "
+                          "clocks)")
+    claims: list[Literal["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8"]] = Field(
+        ["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8"], min_length=1,
+        description="the claims to run and decide (their arms only)")
+
+
 class ClusterConfig(Section):
     """The GPU nodes a run is given: `sao config` prints the GPU plan on them and any command refuses a plan
     that does not fit (trainer.gpu_plan)."""
@@ -153,6 +184,7 @@ class Config(Section):
     learn: LearnConfig = LearnConfig()
     cluster: ClusterConfig = ClusterConfig()
     demo: DemoConfig = DemoConfig()
+    paper: PaperConfig = PaperConfig()
 
     @model_validator(mode="before")
     @classmethod

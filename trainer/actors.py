@@ -27,6 +27,7 @@ import os
 import random
 import threading
 import time
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -371,6 +372,8 @@ class RolloutWorker:
                 continue
             self._route(item.get("route") or item)  # raises for an unreachable replica: the pool reports it
             self.attempts = 0
-            run_with_retries(episode_fn, item["task"], ctx, cfg.rollout.max_retries, on_start=self._started,
+            draw = item["assignment"] if item["round"] is None else f"{item['round']}:{item['group']}"
+            run_with_retries(episode_fn, item["task"], replace(ctx, draw=draw), cfg.rollout.max_retries,
+                             on_start=self._started,
                              on_attempt=partial(self._store, store, item), stop=self._stop.is_set)
         return self.status()

@@ -7,8 +7,9 @@
 - `check()`: a replica that died is reported, withdrawn from the feed (its episodes end as infra
   errors in their workers), and replaced (`r0.1`, ...), the replacement brought to the current weights
   before it serves (`LoopError` after `3 x engine.replicas` deaths).
-- `publish(version, weights)`: dead replicas replaced first, then the weights to every replica, or
-  a `LoopError` naming the one that failed; the step ends only when all serve `version`.
+- `publish(version, weights)`: dead replicas replaced first, then the weights to every replica; a
+  replica that dies during it is replaced and the publish done again; a `LoopError` naming the one that
+  failed otherwise; the step ends only when all serve `version`.
 
 `WorkerPool`:
 - `start(n)`: n `RolloutWorker`s, on the nodes with `rollout.node_resources` when set, else on a
@@ -119,9 +120,22 @@ class EngineReplicas:
             self.log(f"engine replica {name} serving policy version {version} at {self.infos[name]['url']}")
 
     def publish(self, version: int, weights: dict) -> dict:
-        """`weights` as `version` on every replica (dead ones replaced first); seconds per replica."""
+        """`weights` as `version` on every replica (dead ones replaced first); seconds per replica. A replica
+        that dies during the publish is replaced too, and the publish is done again on the new set."""
         self.check()
-        return self.sync.publish(self.actors, version, weights, self.publish_timeout)
+        try:
+            return self.sync.publish(self.actors, version, weights, self.publish_timeout)
+        except LoopError as e:
+            if not self._one_died(wait_s=10.0):
+                raise
+            self.log(f"{e}; the replica died meanwhile: replacing it and publishing again")
+            self.check()
+            return self.sync.publish(self.actors, version, weights, self.publish_timeout)
+
+    def _one_died(self, wait_s: float) -> bool:
+        """Whether a replica's serve() has ended (it only does when the replica died), waiting up to `wait_s`."""
+        ready, _ = ray.wait(list(self.alive.values()), num_returns=1, timeout=wait_s)
+        return bool(ready)
 
     def stats(self) -> dict[str, float]:
         """Over the replicas: the oldest version, busy and up seconds summed (dead ones' last-known included)."""

@@ -9,11 +9,19 @@ rebuilt only when the set of active requests changes. Each token records the pol
 sampled it. Sampling follows ``harness.engines.sampling``. An MoE model's routers are watched
 (``harness.engines.routes.RouteRecorder``): a request with ``routes_from`` gets the experts of its
 prompt's positions from there (its prefill) and of each token it fed back (its decode steps).
+
+Prefix cache: the KV caches of the last ``PREFIX_ENTRIES`` finished requests (their prompt and sampled
+tokens but the last, the tokens the cache holds) are kept; a new prompt that extends one of them
+prefills only its new tokens from there, as an agent's next turn extends its last one (the proxy sends
+the history token for token). A weight update empties it (the cached keys and values are the old
+weights'); a request with ``routes_from`` before the cached length prefills in full (the cache keeps no
+routes).
 """
 from __future__ import annotations
 
 import concurrent.futures
 import queue
+from collections import OrderedDict
 import threading
 import time
 from typing import Any
@@ -32,6 +40,8 @@ from sao_harness.harness.engines.protocol import (
 from sao_harness.harness.engines.routes import RouteRecorder
 from sao_harness.harness.engines.sampling import sample_token
 from sao_harness.harness.tiny_model import resolve_model_path
+
+PREFIX_ENTRIES = 32  # finished requests' KV caches a new prompt may extend (module doc)
 
 
 class _Request:
@@ -95,7 +105,8 @@ class HFEngine(Engine):
         self._active: list[_Request] = []  # in the order of the batched cache's rows
         self._cache = None  # batched DynamicCache of self._active, or None when it must be rebuilt
         self._mask: torch.Tensor | None = None  # [B, L] 1 = real token, 0 = left padding
-        self._stats = {"steps": 0, "tokens": 0, "prefills": 0, "rebuilds": 0, "updates": 0}
+        self._prefix: OrderedDict[tuple[int, ...], list] = OrderedDict()  # cached tokens -> per-layer (k, v)
+        self._stats = {"steps": 0, "tokens": 0, "prefills": 0, "prefix_hits": 0, "rebuilds": 0, "updates": 0}
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hf-engine", daemon=True)
         self._thread.start()
@@ -211,6 +222,7 @@ class HFEngine(Engine):
                                       f"model has {tuple(state[name].shape)}")
             for name, t in weights.items():
                 state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))
+            self._prefix.clear()  # the old weights' keys and values
             self._version = version
             self._stats["updates"] += 1
             fut.set_result(None)
@@ -225,12 +237,11 @@ class HFEngine(Engine):
             req = self._waiting.pop(0)
             if req.cancelled:
                 continue
-            ids = torch.tensor([req.prompt], device=self.device)
-            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            start, out = self._prefill(req)
             req.kv = [(layer.keys, layer.values) for layer in out.cache.layers]
             req.cached = len(req.prompt)
             if req.routes is not None:
-                req.routes.append(self._route_log.take()[req.sp.routes_from:])
+                req.routes.append(self._route_log.take()[req.sp.routes_from - start:])
             elif self.returns_routes:
                 self._route_log.discard()
             self._stats["prefills"] += 1
@@ -239,7 +250,33 @@ class HFEngine(Engine):
                 self._split_cache()  # membership changes: the batched cache is rebuilt before the next step
                 self._active.append(req)
             else:
+                self._remember(req.prompt, req.kv)
                 self._resolve(req)
+
+    def _prefill(self, req: _Request):
+        """One forward over the prompt, or over its tokens past the longest cached prefix; (start, output)."""
+        limit = len(req.prompt) - 1 if req.sp.routes_from is None else min(len(req.prompt) - 1, req.sp.routes_from)
+        key = max((k for k in self._prefix if len(k) <= limit and req.prompt[len(k) - 1] == k[-1]
+                   and tuple(req.prompt[:len(k)]) == k), key=len, default=None)
+        if key is None:
+            return 0, self.model(input_ids=torch.tensor([req.prompt], device=self.device), use_cache=True,
+                                 logits_to_keep=1)
+        from transformers import DynamicCache  # lazy: transformers is heavy
+
+        self._prefix.move_to_end(key)
+        self._stats["prefix_hits"] += 1
+        start = len(key)
+        ids = torch.tensor([req.prompt[start:]], device=self.device)
+        positions = torch.arange(start, len(req.prompt), device=self.device)[None]
+        return start, self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
+                                 cache=DynamicCache(ddp_cache_data=list(self._prefix[key])))
+
+    def _remember(self, tokens: list[int], kv: list) -> None:
+        """Keep `kv`, the KV cache of `tokens`, for prompts that extend them (least recently used out first)."""
+        self._prefix[tuple(tokens)] = kv
+        self._prefix.move_to_end(tuple(tokens))
+        while len(self._prefix) > PREFIX_ENTRIES:
+            self._prefix.popitem(last=False)
 
     def _retire(self) -> None:
         """Drop finished and cancelled requests from the batch."""
@@ -305,6 +342,10 @@ class HFEngine(Engine):
                 continue
             self._sample(req, out.logits[row, -1])
             if req.finish is not None:
+                start = self._mask.shape[1] - req.cached
+                self._remember(req.prompt + req.ids[:-1], [(layer.keys[row:row + 1, :, start:].clone(),
+                                                            layer.values[row:row + 1, :, start:].clone())
+                                                           for layer in self._cache.layers])
                 self._resolve(req)
 
     def _sample(self, req: _Request, logits: torch.Tensor) -> None:

@@ -11,8 +11,13 @@ rest. The reward comes once, at the end:
     R = (1 / D) * sum_k 1[first token id of the reply at decision turn d_k has the parity named before it]
 
 A decision turn with no reply (the episode ended before it) scores 0; the replies of the other
-("filler") turns do not count. Everything (T, the decision turns, the parities, the filler) is drawn
-from Random("chain:<episode id>"), so an episode is a function of its id and of the sampled tokens.
+("filler") turns do not count. Online learning (`shift_every` = M, `sao paper`'s C8): the preference
+flips every M policy versions, in phase k = v // M (v: the policy version of the episode's first sampled
+token) the reward counts the parity opposite to the named one when k is odd, so what earned reward
+before a shift costs it after, and the policy must re-learn while it trains. Everything (T, the decision turns, the parities, the filler) is drawn
+from Random("chain:<draw>"), the draw being `ctx.draw` (one per sync group, so that a GRPO group's G rollouts
+face the same episode as a task's do; one per assignment in async) or else the episode id: an episode is
+a function of its draw and of the sampled tokens.
 Statuses and infra errors as in `harness.testbeds.simulated`.
 
 Why each property:
@@ -61,9 +66,9 @@ def episode_turns(rng: random.Random, turns_min: int, turns_max: int, alpha: flo
     return min(turns_max, math.floor(turns_min * rng.paretovariate(alpha)))
 
 
-def plan(episode_id: str, chain) -> ChainPlan:
-    """The episode's draw from Random("chain:<episode_id>") under `chain` (a `testbed.chain` section)."""
-    rng = random.Random(f"chain:{episode_id}")
+def plan(draw: str, chain) -> ChainPlan:
+    """The episode's draw from Random("chain:<draw>") under `chain` (a `testbed.chain` section)."""
+    rng = random.Random(f"chain:{draw}")
     turns = episode_turns(rng, chain.turns_min, chain.turns_max, chain.turns_alpha)
     decisions = (0, *sorted(rng.sample(range(1, turns), chain.decisions - 1)))
     if chain.target == "episode":
@@ -87,21 +92,31 @@ def action_firsts(traj: Trajectory) -> list[int | None]:
     return [s.token_ids[0] if s.token_ids else None for s in traj.segments if s.kind == "action"]
 
 
-def chain_reward(traj: Trajectory, p: ChainPlan) -> float:
-    """The fraction of the decision turns whose reply starts with a token of the named parity (module doc)."""
+def preference_phase(traj: Trajectory, shift_every: int | None) -> int:
+    """k = v // shift_every, v the policy version of the first sampled token (0 without shifts or tokens)."""
+    versions = [s.policy_version[0] for s in traj.segments if s.kind == "action" and s.policy_version]
+    return versions[0] // shift_every if shift_every and versions else 0
+
+
+def chain_reward(traj: Trajectory, p: ChainPlan, shift_every: int | None = None) -> float:
+    """The fraction of the decision turns whose reply starts with a token of the named parity, or of the
+    other one in an odd preference phase (module doc)."""
     firsts = action_firsts(traj)
-    hits = sum(t < len(firsts) and firsts[t] is not None and (firsts[t] % 2 == 0) == (want == "even")
+    flipped = preference_phase(traj, shift_every) % 2 == 1
+    hits = sum(t < len(firsts) and firsts[t] is not None and ((firsts[t] % 2 == 0) == (want == "even")) != flipped
                for t, want in zip(p.decisions, p.targets))
     return hits / len(p.decisions)
 
 
 def run_chain_episode(task, ctx, episode_id: str) -> Trajectory:
     """One chain episode (same interface as `harness.testbeds.simulated.run_simulated_episode`)."""
-    p = plan(episode_id, ctx.cfg.testbed.chain)
+    chain = ctx.cfg.testbed.chain
+    p = plan(ctx.draw or episode_id, chain)
     messages: list[dict[str, Any]] = [{"role": "user", "content": p.messages[0]}]
 
     def observe(turn: int) -> str:
         return p.messages[turn + 1] if turn + 1 < p.turns else "done"
 
-    return chat_episode(task, ctx, episode_id, messages, p.turns, observe, lambda traj: chain_reward(traj, p),
-                        "chain", planned_turns=p.turns, decisions=list(p.decisions), targets=list(p.targets))
+    return chat_episode(task, ctx, episode_id, messages, p.turns, observe,
+                        lambda traj: chain_reward(traj, p, chain.shift_every), "chain", planned_turns=p.turns,
+                        decisions=list(p.decisions), targets=list(p.targets))

@@ -45,6 +45,9 @@ class ChainConfig(Section):
     obs_words_sigma: float = Field(1.0, ge=0, description="sigma of the filler words per observation")
     obs_words_min: int = Field(8, gt=0, description="the fewest filler words in one observation")
     obs_words_max: int = Field(240, gt=0, description="the most filler words in one observation")
+    shift_every: int | None = Field(None, gt=0, description="online learning: the preference flips every M "
+                                    "policy versions (the reward counts the other parity in odd phases); null = "
+                                    "never")
 
     @model_validator(mode="after")
     def _consistent(self) -> ChainConfig:

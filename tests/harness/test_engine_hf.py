@@ -119,3 +119,25 @@ def test_bad_prompts_are_errors(engine):
         engine.generate([], SamplingParams(max_tokens=2))
     with pytest.raises(EngineError, match="outside"):
         engine.generate([10**9], SamplingParams(max_tokens=2))
+
+
+def test_a_next_turn_extends_the_cached_prefix_and_matches_a_full_forward(engine):
+    """Turn 2's prompt = turn 1's prompt + reply + new tokens: only the new tokens are prefilled (a prefix hit)
+    and its logprobs and routes equal a full forward's; after a weight update nothing is reused."""
+    sp = SamplingParams(temperature=1.0, top_k=16, max_tokens=5, seed=1)
+    first = engine.tokenizer.encode("the first turn of an episode")
+    r1 = engine.generate(first, sp)
+    second = first + r1.token_ids + engine.tokenizer.encode(" then an observation")
+    hits = engine.health()["prefix_hits"]
+    replay = SamplingParams(temperature=1.0, top_k=16, max_tokens=5, seed=2, routes_from=len(first) + 4)
+    r2 = engine.generate(second, replay)
+    assert engine.health()["prefix_hits"] == hits + 1
+    assert torch.allclose(recompute(engine, second, r2, sp), torch.tensor(r2.logprobs), atol=1e-4)
+    engine._prefix.clear()
+    full = engine.generate(second, replay)  # no cache: a full prefill, the same seed
+    assert full.token_ids == r2.token_ids and (full.routes == r2.routes).all()
+    before = engine.health()["prefix_hits"]
+    engine.generate(first, sp)
+    engine.update_weights(engine.version + 1, {})
+    engine.generate(first + r1.token_ids + [5], sp)
+    assert engine.health()["prefix_hits"] == before

@@ -177,3 +177,32 @@ def test_an_engine_failure_is_an_infra_error_without_reward(tok, serve):
     engine = ScriptedEngine(tok, ["a", "b"])  # the replies run out after two turns of at least eight
     traj = run_chain_episode(TASK, serve(engine), "chain-0")
     assert traj.status == Status.INFRA_ERROR and traj.reward is None and Status.INFRA_ERROR in traj.metadata
+
+
+def test_the_preference_flips_every_shift_every_policy_versions():
+    p = plan("e2", CHAIN)
+    wanted = dict(zip(p.decisions, p.targets))
+
+    def traj(version):
+        firsts = [{"even": 2, "odd": 3}.get(wanted.get(t), 4) for t in range(p.turns)]
+        segs = [s for tok in firsts for s in (Segment("observation", [5]), Segment("action", [tok], [-1.0], [version]))]
+        return Trajectory(task_id="t", segments=segs)
+
+    assert [chain_reward(traj(v), p) for v in (0, 9)] == [1.0, 1.0]  # no shifts: the named parity always
+    assert [chain_reward(traj(v), p, shift_every=5) for v in (0, 4, 5, 9, 10)] == [1.0, 1.0, 0.0, 0.0, 1.0]
+    with pytest.raises(ValueError):
+        ChainConfig(shift_every=0)
+
+
+def test_the_rollouts_of_a_sync_group_face_the_same_draw(tok, serve):
+    from dataclasses import replace
+
+    oracle = ChainPolicy(tok, "oracle")
+    ctx = serve(oracle)
+    group = [run_chain_episode(TASK, replace(ctx, draw="round-1:0"), f"g-{i}") for i in range(2)]
+    other = run_chain_episode(TASK, replace(ctx, draw="round-1:1"), "g-2")
+    same = plan("round-1:0", CHAIN)
+    assert [t.metadata["decisions"] for t in group] == [list(same.decisions)] * 2
+    assert [t.turns for t in group] == [same.turns] * 2 and group[0].token_ids == group[1].token_ids
+    assert other.metadata["decisions"] == list(plan("round-1:1", CHAIN).decisions)
+    assert other.token_ids != group[0].token_ids

@@ -144,6 +144,34 @@ def test_a_dead_replica_is_reported_and_replaced(ray_session, project_root, tmp_
     assert [r["rollout/engine_version"] for r in read_metrics(cfg.run.dir)] == [1, 2, 3, 4]
 
 
+def test_a_replica_that_dies_during_a_publish_is_replaced_and_the_publish_redone(ray_session, project_root,
+                                                                                 tmp_path, monkeypatch):
+    """The replica dies after the publish's own check and before its weights land (the race `make test-vllm`
+    hit): the run is not ended; the replica is replaced and version 2 published again, to every replica."""
+    import ray
+
+    from sao_harness.trainer.loop import train
+
+    cfg = sim_cfg(tmp_path, "dies-in-publish", project_root, "trainer.max_steps=3", "trainer.batch_size=4",
+                  "rollout.workers=4", "testbed.simulated.engine_s=0.05", "runtime.weight_sync=object_store")
+    honest, killed, lines = weight_sync.ObjectStoreSync.publish, [], []
+
+    def publish(self, replicas, version, weights, timeout_s):
+        if version == 2 and not killed:
+            victim = replicas["r1"]
+            ray.kill(victim)
+            killed.append(version)
+        return honest(self, replicas, version, weights, timeout_s)
+
+    monkeypatch.setattr(weight_sync.ObjectStoreSync, "publish", publish)
+    summary = train(cfg, log=lines.append)
+    assert killed == [2]
+    assert summary["steps"] == 3 and summary["counters"]["engine_deaths"] == 1, lines
+    assert any("publishing weights version 2" in line and "publishing again" in line for line in lines), lines
+    assert any(line.startswith("engine replica r1.1 serving policy version 2") for line in lines), lines
+    assert [r["rollout/engine_version"] for r in read_metrics(cfg.run.dir)] == [1, 2, 3]
+
+
 @pytest.mark.slow
 def test_local_multi_node_cluster(project_root, tmp_path, monkeypatch):
     """Three raylets on 127.0.0.1: a head (the trainer), an `engine` node with 2 replicas, a `docker`
