@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sao_harness.sao.paper import CLAIMS
+from sao_harness.sao.paper_arms import CLAIMS
 from sao_harness.sao.paper_stats import (
     CONTRADICTED,
     EV,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sao_harness.core.files import atomic_write_text
 from sao_harness.sao.learn_report import html_page, machine
-from sao_harness.sao.paper import CLAIMS
+from sao_harness.sao.paper_arms import CLAIMS
 from sao_harness.sao.paper_claims import ClaimResult, counts, trajectories_per_minute
 from sao_harness.sao.paper_stats import EV, REWARD, interval, moving_average, policy_steps, series
 

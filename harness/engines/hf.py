@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import queue
-from collections import OrderedDict
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np

@@ -14,10 +14,12 @@ A decision turn with no reply (the episode ended before it) scores 0; the replie
 ("filler") turns do not count. Online learning (`shift_every` = M, `sao paper`'s C8): the preference
 flips every M policy versions, in phase k = v // M (v: the policy version of the episode's first sampled
 token) the reward counts the parity opposite to the named one when k is odd, so what earned reward
-before a shift costs it after, and the policy must re-learn while it trains. Everything (T, the decision turns, the parities, the filler) is drawn
-from Random("chain:<draw>"), the draw being `ctx.draw` (one per sync group, so that a GRPO group's G rollouts
-face the same episode as a task's do; one per assignment in async) or else the episode id: an episode is
-a function of its draw and of the sampled tokens.
+before a shift costs it after, and the policy must re-learn while it trains.
+
+Everything (T, the decision turns, the parities, the filler) is drawn from Random("chain:<draw>"), the
+draw being `ctx.draw` (one per sync group, so that a GRPO group's G rollouts face the same episode as a
+task's do; one per assignment in async) or else the episode id: an episode is a function of its draw
+and of the sampled tokens.
 Statuses and infra errors as in `harness.testbeds.simulated`.
 
 Why each property:

@@ -42,7 +42,8 @@ def test_defaults_without_file():
     ("trainer.lr=abc", "config key 'trainer.lr'"),
     ("rollout.workers=0", "config key 'rollout.workers'"),
     ("engine.kind=tpu", "config key 'engine.kind'"),
-    ("trainer.env=docker", "config key 'trainer.env': Value error, unknown env 'docker' (known: chain, simulated, swe, toy)"),
+    ("trainer.env=docker",
+     "config key 'trainer.env': Value error, unknown env 'docker' (known: chain, simulated, swe, toy)"),
     ("trainer.lr", "not of the form key.sub=value"),
 ])
 def test_bad_override_names_the_key(project_root, override, needle):

@@ -36,7 +36,7 @@ if objective is not None:
 
     objective.training_advantages = training_advantages
 '''
-QUICK = ["paper.claims=[C1]", "paper.quick_steps=6", "paper.quick_seeds=2", "paper.quick_pretrain_steps=1",
+QUICK = ["paper.claims=[C1]", "paper.quick_steps=3", "paper.quick_seeds=2", "paper.quick_pretrain_steps=1",
          "trainer.batch_size=8", "rollout.workers=2", "paper.parallel=2"]
 
 
@@ -75,7 +75,7 @@ def test_a_sabotaged_sao_is_never_reproduced_and_a_killed_run_resumes(tmp_path):
     assert re.search(r"^paper: 0 of 1 claims reproduced, [01] contradicted, [01] inconclusive \(2 seeds, \d+ min\) "
                      r"\(quick\)$", out, re.M), out
     assert "sabotage: SAO advantages negated" in (root / "runs/sao/s0/train.log").read_text()
-    assert "sabotage" not in (root / "runs/grpo/s0/train.log").read_text()
+    assert "sabotage: SAO advantages negated" not in (root / "runs/grpo/s0/train.log").read_text()
     facts = json.loads((root / "paper.json").read_text())
     assert facts["seeds_finished"] == {"sao": 2, "grpo": 2, "grpo+dis": 2, "vapo": 2}
     assert all((root / f"paper.{ext}").stat().st_size > 0 for ext in ("md", "html", "png"))

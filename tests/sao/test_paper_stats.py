@@ -12,7 +12,8 @@ import statistics
 import pytest
 
 from sao_harness.sao.config import load_config
-from sao_harness.sao.paper import ARMS, CLAIMS, Plan, make_plan, run_overrides
+from sao_harness.sao.paper import Plan, make_plan, run_overrides
+from sao_harness.sao.paper_arms import ARMS, CLAIMS
 from sao_harness.sao.paper_claims import decide
 from sao_harness.sao.paper_report import summary_line, write_report
 from sao_harness.sao.paper_stats import (
