@@ -17,7 +17,7 @@ from pathlib import Path
 from sao_harness.core.files import atomic_write_text
 from sao_harness.sao.learn_report import html_page, machine, stage_table
 from sao_harness.trainer.metrics import read_metrics
-from sao_harness.trainer.plots import _moving_average
+from sao_harness.trainer.plots import moving_average
 
 # (run, metric, panel title, scale)
 CURVES = [("toy", "rollout/reward_mean", "test-bed: reward per SAO step", 1.0),
@@ -58,7 +58,7 @@ def _plot(path: Path, items: list[tuple]) -> None:
         if item[0] == "curve":
             _, _, x, y = item
             ax.plot(x, y, color="C0", alpha=0.3, linewidth=0.8)
-            ax.plot(x, _moving_average(y, WINDOW), color="C0", linewidth=1.8)
+            ax.plot(x, moving_average(y, WINDOW), color="C0", linewidth=1.8)
             ax.set_xlabel("step")
         else:
             _, _, names, rates, counts = item

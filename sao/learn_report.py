@@ -22,7 +22,7 @@ from sao_harness.core.files import atomic_write_text
 from sao_harness.tasks.grade_status import INFRA_FAILURES
 from sao_harness.trainer.compare import summarize
 from sao_harness.trainer.metrics import read_metrics
-from sao_harness.trainer.plots import _moving_average
+from sao_harness.trainer.plots import moving_average
 
 CURVES = [("rollout/reward_mean", "training episodes resolved (reward)", 1.0),
           ("critic/explained_variance", "critic explained variance", 1.0),
@@ -131,7 +131,7 @@ def _plot(path: Path, results: dict, runs: dict[str, list[dict]]) -> None:
             x = [(t - t0) / 60 for t, _ in pts]
             y = [v * scale for _, v in pts]
             ax.plot(x, y, color=colors[arm], alpha=0.25, linewidth=0.8)
-            ax.plot(x, _moving_average(y, WINDOW), color=colors[arm], linewidth=1.6, label=arm)
+            ax.plot(x, moving_average(y, WINDOW), color=colors[arm], linewidth=1.6, label=arm)
         ax.set_xlabel("minutes of training")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sao_harness.trainer.plots import moving_average
+
 REWARD, EV = "rollout/reward_mean", "critic/explained_variance"
 FINAL_FRAC = 0.2
 COLLAPSE_WINDOW = 10
@@ -105,17 +107,6 @@ def policy_steps(records: list[dict]) -> list[dict]:
 def series(records: list[dict], key: str) -> list[float]:
     """`key` per policy step (nan where a step did not log it)."""
     return [float(r[key]) if isinstance(r.get(key), (int, float)) else math.nan for r in policy_steps(records)]
-
-
-def moving_average(xs: list[float], window: int) -> list[float]:
-    """Trailing mean over the last `window` values (fewer at the start)."""
-    out, acc = [], 0.0
-    for i, x in enumerate(xs):
-        acc += x
-        if i >= window:
-            acc -= xs[i - window]
-        out.append(acc / min(i + 1, window))
-    return out
 
 
 def mean(xs: list[float]) -> float | None:

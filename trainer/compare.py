@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sao_harness.core.errors import UserError
 from sao_harness.trainer.metrics import read_metrics
-from sao_harness.trainer.plots import _moving_average, _series
+from sao_harness.trainer.plots import _series, moving_average
 
 WINDOW = 5
 REWARD, EV, MASKED = "rollout/reward_mean", "critic/explained_variance", "policy/dis_masked"
@@ -74,7 +74,7 @@ def _plot(runs: dict[str, list[dict]], path: Path) -> None:
                 continue
             y = [v * scale for v in y]
             ax.plot(x, y, color=colors[name], alpha=0.25, linewidth=0.8)
-            ax.plot(x, _moving_average(y, WINDOW), color=colors[name], linewidth=1.6, label=name)
+            ax.plot(x, moving_average(y, WINDOW), color=colors[name], linewidth=1.6, label=name)
             drawn = True
         if drawn:
             ax.set_xlabel("step")

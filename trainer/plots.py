@@ -22,7 +22,8 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _moving_average(y: list[float], window: int) -> list[float]:
+def moving_average(y: list[float], window: int) -> list[float]:
+    """Trailing mean over the last `window` values (fewer at the start)."""
     out, total = [], 0.0
     for i, v in enumerate(y):
         total += v
@@ -45,7 +46,7 @@ def _draw(ax, records: list[dict], key: str, title: str) -> None:
     ax.set_title(title, fontsize=10)
     if len(x) >= 20:  # noisy per-step values
         line, = ax.plot(x, y, alpha=0.3, linewidth=0.8)
-        ax.plot(x, _moving_average(y, max(5, len(x) // 20)), color=line.get_color(), linewidth=1.6)
+        ax.plot(x, moving_average(y, max(5, len(x) // 20)), color=line.get_color(), linewidth=1.6)
     else:
         ax.plot(x, y, marker="o", markersize=3, linewidth=1.4)
     ax.set_xlabel("step", fontsize=8)
