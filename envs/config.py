@@ -101,7 +101,8 @@ class SandboxConfig(Section):
     tmpfs_size: str = Field("512m", description="size of the /tmp tmpfs when read_only")
     shm_size: str = Field("64m", description="size of /dev/shm")
     env: dict[str, str] = Field({}, description="environment of the sandbox's shell and processes")
-    start_timeout_s: float = Field(30.0, gt=0, description="seconds for container create + start + shell ready")
+    start_timeout_s: float = Field(120.0, gt=0, description="seconds for the sandbox's shell to answer once its "
+                                   "container started (one idle start: ~0.5 s; 16 at once on 2 busy cores: p99 4 s)")
     disk_bytes: str = Field("10g", description="disk budget of the sandbox's writable layer (and workdir volume): "
                             "no single file may exceed it (kernel file-size limit), and a watchdog kills the "
                             "sandbox once its total exceeds it (apparent sizes, sparse files count in full); on "

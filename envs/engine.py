@@ -5,6 +5,8 @@ Contract:
   project engine when none does, and sets ``os.environ["DOCKER_HOST"]`` so every other client in
   this process (``docker.from_env()`` in ``swebench``, the ``docker`` CLI) finds the same engine.
 - ``docker_client(cfg)`` is the same without starting anything (``EngineGone`` when none answers).
+- Every client keeps up to ``pool_size()`` connections to its engine: ``MAX_POOL``, or more after
+  ``ensure_pool(n)`` (a process running many episodes at once: ``harness.capacity``).
 - The project engine has its own socket, data root, exec root and pid file under
   ``cfg.state_dir`` (outside the repo, so images survive a fresh clone) and a daemon config without
   bridge, iptables, forwarding or masquerading: only the ``host`` and ``none`` networks exist, so no
@@ -37,9 +39,10 @@ from sao_harness.envs.hostpkg import ensure_programs, which
 from sao_harness.envs.limits import HARD_CAP_DRIVERS
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-PROBE_TIMEOUT_S = 5
+PROBE_TIMEOUT_S = 30  # a live engine answers slowly under load (every episode probes); a dead one refuses at once
 CLIENT_TIMEOUT_S = 300
-MAX_POOL = 64
+MAX_POOL = 64  # connections a client keeps to its engine, at least (ensure_pool raises it for the process)
+_pool_size = MAX_POOL
 
 
 @dataclass(frozen=True)
@@ -122,11 +125,27 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def pool_size() -> int:
+    """Connections each client made from now on keeps to its engine (``ensure_pool``)."""
+    return _pool_size
+
+
+def ensure_pool(connections: int) -> int:
+    """Clients made from now on keep up to ``connections`` connections to their engine (never fewer than
+    ``MAX_POOL``): a thread past a client's pool gets a connection of its own, closed after its call with
+    urllib3's "Connection pool is full" warning. Returns the size in force."""
+    global _pool_size
+    _pool_size = max(_pool_size, connections)
+    return _pool_size
+
+
 def _client(url: str, timeout: float = CLIENT_TIMEOUT_S):
     import docker  # lazy: docker-py is heavy (it pulls in requests)
 
-    client = docker.DockerClient(base_url=url, timeout=timeout, max_pool_size=MAX_POOL)
+    size = pool_size()
+    client = docker.DockerClient(base_url=url, timeout=timeout, max_pool_size=size)
     client.sao_docker_host = url  # the URL a `docker` CLI needs (client.api.base_url is rewritten)
+    client.sao_pool_size = size
     return client
 
 

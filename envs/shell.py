@@ -114,6 +114,15 @@ def ansi_c_quote(text: str) -> str:
     return "$'" + "".join(out) + "'"
 
 
+def wait_fd(fd, timeout_s: float, *, write: bool = False) -> bool:
+    """True once ``fd`` (a descriptor, or an object with ``fileno()``) can be read (``write``: written) or hung
+    up, False after ``timeout_s``. ``poll``, not ``select``: select refuses a descriptor >= 1024 (FD_SETSIZE),
+    and a process running a hundred episodes at once holds a few thousand."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if write else select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(max(0.0, timeout_s) * 1000))
+
+
 class _Stream:
     """Demultiplexes Docker's framed exec stream (8-byte headers) from a raw socket."""
 
@@ -131,8 +140,7 @@ class _Stream:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            r, _, _ = select.select([self.sock], [], [], remaining)
-            if not r:
+            if not wait_fd(self.sock, remaining):
                 raise TimeoutError
         try:
             data = self.sock.recv(1 << 16)

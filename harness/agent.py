@@ -176,6 +176,7 @@ class AgentResult:
     finish_message: str | None = None
     duration_s: float = 0.0
     conversation_id: str | None = None
+    tools_start_s: float = 0.0  # starting the sandbox tools (the terminal's shell in the container) before turn 1
 
     @property
     def status(self) -> Status:
@@ -334,6 +335,7 @@ def run_agent(sandbox, *, base_url: str, instruction: str, episode_id: str, task
     if tools is None:
         tools = sdk["SandboxTools"](_target(sandbox), no_change_timeout_seconds=s.no_change_timeout_s,
                                     max_command_s=s.max_command_s)
+    tools_start_s = time.monotonic() - t0
     workspace = tempfile.mkdtemp(prefix="sao-agent-ws-")
     conv = llm = None
     out: dict[str, Any] = dict(finished=False, hit_max_iterations=False, stuck=False, nudges=0, error=None,
@@ -357,7 +359,7 @@ def run_agent(sandbox, *, base_url: str, instruction: str, episode_id: str, task
         summary["file_editor_calls"] = getattr(getattr(tools, "file_editor", None), "calls", 0)
         return AgentResult(**out, iterations=_requests(llm) if llm is not None else 0,
                            llm_response_ids=_completions(llm) if llm is not None else [], events=summary,
-                           duration_s=time.monotonic() - t0,
+                           duration_s=time.monotonic() - t0, tools_start_s=tools_start_s,
                            conversation_id=str(conv.state.id) if conv is not None else None)
     finally:
         if conv is not None:

@@ -163,6 +163,13 @@ class RolloutConfig(Section):
     workers: int = Field(2, gt=0, description="episodes run in parallel (the rollout workers in train); a "
                          "proxy serves as many turns at once (at least 40)")
     max_retries: int = Field(2, ge=0, description="retries of an episode that ended in an infra error")
+    # 0.2: infra errors never train (never a 0), and they are not random (big images, long test suites, memory-hungry
+    # tasks fail more): past one in five the sample is skewed towards what the infrastructure copes with, while a
+    # healthy run loses a few percent; the minimum count keeps a burst of early failures from stopping a run
+    max_infra_frac: float | None = Field(0.2, ge=0, le=1, description="stop the run (an error listing the kinds) "
+                                         "once more than this share of the finished episodes are infra errors "
+                                         "(rollout/infra_frac), checked from max(20, 2 x trainer.batch_size) "
+                                         "finished (sao rollout: 2 x rollout.workers); null = never")
     episodes_per_task: int = Field(1, gt=0, description="sao rollout: trajectories per task")
     node_resources: dict[str, float] = Field({}, description="sao train: custom Ray resources each rollout worker "
                                              "takes, e.g. {docker: 1} on nodes started with --resources "

@@ -23,9 +23,10 @@ from sao_harness.envs.limits import DiskLimitExceeded, PatchTooLarge, PatchUnava
 from sao_harness.envs.pull import ensure_image
 from sao_harness.envs.sandbox import Sandbox
 from sao_harness.harness.agent import AgentSettings, run_agent
+from sao_harness.harness.infra import error_kind
 from sao_harness.harness.prompts import instruction_for
 from sao_harness.harness.proxy import UnknownEpisode
-from sao_harness.harness.trace import GRADED, Status, Trajectory
+from sao_harness.harness.trace import GRADED, INFRA_KIND, Status, Trajectory
 from sao_harness.tasks.grade import grade
 from sao_harness.tasks.scrub import sandbox_image
 
@@ -67,7 +68,7 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
     episode_id = episode_id or new_episode_id(task.instance_id)
     timings: dict[str, float] = {}
     t_start = time.monotonic()
-    agent_result, patch, sandbox_error, limit = None, "", None, None
+    agent_result, patch, sandbox_error, sandbox_kind, limit = None, "", None, None, None
     try:
         client = docker_client(cfg.docker)  # this node's engine
         ensure_image(task.image, cfg.docker, client)  # pull on a miss (envs.pull); ImagePullError
@@ -96,9 +97,9 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
                     limit = (next(s for cls, s in LIMIT_STATUS.items() if isinstance(e, cls)), str(e))
                 timings["diff_s"] = time.monotonic() - t0
     except SandboxError as e:
-        sandbox_error = f"{type(e).__name__}: {e}"
+        sandbox_error, sandbox_kind = f"{type(e).__name__}: {e}", error_kind(e)
     except Exception as e:  # noqa: BLE001  (docker-py / OS trouble around the sandbox is infrastructure too)
-        sandbox_error = f"{type(e).__name__}: {e}"
+        sandbox_error, sandbox_kind = f"{type(e).__name__}: {e}", error_kind(e)
 
     try:
         traj = ctx.proxy.close_episode(episode_id)
@@ -116,8 +117,8 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
     if agent_result is not None:
         traj.metadata["agent"] = agent_result.to_dict()
         traj.turns = max(traj.turns, agent_result.iterations)
-    if sandbox_error is not None:
-        traj.metadata[Status.INFRA_ERROR] = sandbox_error
+    if sandbox_error is not None:  # the exception's type gives the kind (harness.infra); other reasons are parsed
+        traj.metadata[Status.INFRA_ERROR], traj.metadata[INFRA_KIND] = sandbox_error, sandbox_kind
     elif traj.status == Status.INFRA_ERROR:
         traj.metadata[Status.INFRA_ERROR] = agent_result.error if agent_result else "unknown"
 

@@ -4,8 +4,14 @@
 - Resume: a task that already has ``rollout.episodes_per_task`` trajectories that are not
   ``infra_error`` in the store is not run again.
 - Infrastructure errors are retried up to ``rollout.max_retries`` times (``harness.runner``); only
-  the last attempt is stored: an ``infra_error`` there is recorded with no reward, and counted.
+  the last attempt is stored: an ``infra_error`` there is recorded with no reward, and counted by kind
+  (``harness.infra``).
+- ``rollout.max_infra_frac``: once ``harness.infra.min_episodes(rollout.workers)`` episodes have finished,
+  a share of infra errors over it submits no new episode; those running finish and are stored, the
+  summary is written, then ``TooManyInfraErrors`` (the CLI: one line, exit code 2) names the kinds.
 - The run's sandboxes are removed on exit, Ctrl-C included (``envs.gc.run_scope``).
+- The process is sized for ``rollout.workers`` episodes at once first (``harness.capacity``: open files,
+  Docker connection pools).
 """
 from __future__ import annotations
 
@@ -20,8 +26,10 @@ import pyarrow.parquet as pq
 from sao_harness.core.errors import UserError
 from sao_harness.envs.engine import ensure_engine
 from sao_harness.envs.gc import run_scope
+from sao_harness.harness.capacity import size_process
 from sao_harness.harness.engines import make_engine
 from sao_harness.harness.episode import EpisodeContext
+from sao_harness.harness.infra import kind_of, kinds_line, min_episodes, over_max_infra_frac
 from sao_harness.harness.proxy import ProxyServer
 from sao_harness.harness.proxy.template import template_from_config
 from sao_harness.harness.proxy.tool_support import tool_support
@@ -32,6 +40,10 @@ from sao_harness.harness.trace import Status, Trajectory
 from sao_harness.tasks.images import prepare_task_images
 from sao_harness.tasks.loaders import tasks_from_config
 from sao_harness.tasks.preflight import preflight
+
+
+class TooManyInfraErrors(UserError):
+    """The share of infra errors passed rollout.max_infra_frac; the message lists their kinds."""
 
 
 @dataclass
@@ -49,6 +61,8 @@ class RolloutStats:
     turns: int = 0
     action_tokens: int = 0
     statuses: Counter = field(default_factory=Counter)
+    infra_kinds: Counter = field(default_factory=Counter)  # harness.infra.KINDS of the infra errors
+    last_infra_error: str | None = None
     started: float = field(default_factory=time.monotonic)
 
     def add(self, traj: Trajectory) -> None:
@@ -58,6 +72,8 @@ class RolloutStats:
         self.action_tokens += traj.num_action_tokens
         if traj.status == Status.INFRA_ERROR:
             self.infra_errors += 1
+            self.infra_kinds[kind_of(traj.metadata)] += 1
+            self.last_infra_error = traj.metadata.get(Status.INFRA_ERROR)
         if traj.reward is not None:
             self.graded += 1
             self.resolved += traj.reward > 0
@@ -67,7 +83,24 @@ class RolloutStats:
         rate = f"{self.resolved / self.graded:.0%}" if self.graded else "-"
         mean_turns = f"{self.turns / self.done:.1f}" if self.done else "-"
         return (f"episodes {self.done}/{self.total - self.skipped} done, {self.running} running | resolved {rate} | "
-                f"mean turns {mean_turns} | {self.action_tokens / el:.1f} tok/s | infra errors {self.infra_errors}")
+                f"mean turns {mean_turns} | {self.action_tokens / el:.1f} tok/s | infra errors {self.infra_errors}"
+                f"{self._kinds()}")
+
+    def _kinds(self) -> str:
+        return f" ({kinds_line(self.infra_kinds)})" if self.infra_errors else ""
+
+    def over_max_infra_frac(self, max_frac: float | None, workers: int) -> str | None:
+        """Why the rollout must stop (rollout.max_infra_frac, harness.infra): the share is infra errors / episodes
+        finished (stored: the last attempt of each); None while it need not."""
+        return over_max_infra_frac(self.infra_errors, self.done, self.infra_kinds, max_frac, min_episodes(workers),
+                                   self.last_infra_error)
+
+    def summary(self) -> str:
+        """The closing line: episodes by status, resolved, infra errors by kind and retries, seconds."""
+        retries = f"{self.retries} retr{'y' if self.retries == 1 else 'ies'}"
+        return (f"summary: {self.done} episode(s): {dict(self.statuses)}; resolved {self.resolved}/{self.graded} "
+                f"graded; {self.infra_errors} infra error(s){self._kinds()} after {retries}; "
+                f"{time.monotonic() - self.started:.0f} s")
 
 
 def completed_counts(store: TraceStore) -> Counter:
@@ -106,7 +139,8 @@ def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajecto
     """Run the rollout described by ``cfg``; ``engine``/``proxy`` may be given (tests, scripted policy).
 
     ``grade=False`` leaves rewards unset (``eval`` grades in bulk); ``on_trajectory(traj, shard)`` is
-    called after each trajectory is stored."""
+    called after each trajectory is stored. ``TooManyInfraErrors`` after the summary when the run
+    stopped on ``rollout.max_infra_frac`` (module doc)."""
     tasks, errors = tasks_from_config(cfg)
     runnable = preflight(cfg, tasks, errors, log=log)  # before the first episode: gradable, image there
     store = TraceStore(cfg.run.dir)
@@ -121,6 +155,7 @@ def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajecto
     if not todo:
         log("nothing to do: every task has its trajectories")
         return stats
+    size_process(cfg.rollout.workers, log=log)  # open files, Docker connections (harness.capacity)
     prepare_images(cfg, {t.instance_id: t for t in todo}.values(), log=log)
     own = proxy is None
     if own:
@@ -135,6 +170,7 @@ def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajecto
             with lock:
                 stats.retries += 1
 
+    stopped = None  # why the rollout stopped early (rollout.max_infra_frac)
     log(f"rollout: {len(todo)} episode(s), {cfg.rollout.workers} in parallel, traces -> {store.dir}")
     try:
         with run_scope(run_id), ThreadPoolExecutor(cfg.rollout.workers) as pool:
@@ -150,6 +186,8 @@ def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajecto
             futures = {pool.submit(one, t): t for t in todo}
             try:
                 for fut in as_completed(futures):
+                    if fut.cancelled():  # not started: the run stopped (rollout.max_infra_frac)
+                        continue
                     traj = fut.result()
                     shard = store.write([traj])
                     with lock:
@@ -158,7 +196,11 @@ def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajecto
                         on_trajectory(traj, shard)
                     log(f"[{traj.task_id}] {traj.status} reward={traj.reward} turns={traj.turns} -> {shard.name}"
                         f"\n  {stats.line()}")
-            except KeyboardInterrupt:
+                    if stopped is None and (stopped := stats.over_max_infra_frac(cfg.rollout.max_infra_frac,
+                                                                                 cfg.rollout.workers)):
+                        cancelled = sum(f.cancel() for f in futures)  # the running ones finish and are stored
+                        log(f"rollout: stopping, {cancelled} episode(s) not started: {stopped}")
+            except BaseException:  # Ctrl-C, or a trace the disk refused (TraceWriteError): no episode starts now
                 for f in futures:
                     f.cancel()
                 raise
@@ -166,7 +208,7 @@ def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajecto
         if own:
             proxy.stop()
             engine.close()
-    log(f"summary: {stats.done} episode(s): {dict(stats.statuses)}; resolved {stats.resolved}/{stats.graded} graded; "
-        f"{stats.infra_errors} infra error(s) after {stats.retries} retr{'y' if stats.retries == 1 else 'ies'}; "
-        f"{time.monotonic() - stats.started:.0f} s; traces in {store.dir}")
+    log(f"{stats.summary()}; traces in {store.dir}")
+    if stopped is not None:
+        raise TooManyInfraErrors(stopped)
     return stats

@@ -10,7 +10,8 @@ the episode; the trajectory's status says how it ended, and an `infra_error` has
   and `chain` (harness.testbeds). A layer above adds its own with `register_episode(name, fn)`.
 - `run_with_retries`: at most `1 + max_retries` attempts, a new episode id each; it stops at the first
   attempt that is not an infra error. An exception out of the episode function counts as an infra
-  error (the contract says it never raises: what escapes is infrastructure).
+  error (the contract says it never raises: what escapes is infrastructure), its kind from its type
+  (`harness.infra.error_kind`).
 """
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ def run_with_retries(episode_fn: EpisodeFn, task, ctx: EpisodeContext, max_retri
     loop (None when no attempt ran).
     """
     from sao_harness.harness.episode import new_episode_id  # lazy: loads the agent; config validation imports EPISODES
-    from sao_harness.harness.trace import Status, Trajectory  # lazy: pyarrow, as above
+    from sao_harness.harness.infra import error_kind  # lazy: pyarrow (harness.trace), as above
+    from sao_harness.harness.trace import INFRA_KIND, Status, Trajectory  # lazy: pyarrow, as above
 
     traj = None
     for attempt in range(max_retries + 1):
@@ -88,7 +90,7 @@ def run_with_retries(episode_fn: EpisodeFn, task, ctx: EpisodeContext, max_retri
             traj = episode_fn(task, ctx, eid)
         except Exception as e:  # noqa: BLE001  (the contract says it never raises: this is infrastructure)
             traj = Trajectory(task_id=task.instance_id, traj_id=eid, status=Status.INFRA_ERROR,
-                              metadata={Status.INFRA_ERROR: f"{type(e).__name__}: {e}"})
+                              metadata={Status.INFRA_ERROR: f"{type(e).__name__}: {e}", INFRA_KIND: error_kind(e)})
         last = traj.status != Status.INFRA_ERROR or attempt == max_retries
         traj.metadata.update(attempt=attempt, last_attempt=last, t_start=t_start, t_end=time.time())
         if on_attempt is not None:

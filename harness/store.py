@@ -21,6 +21,11 @@ from sao_harness.harness.trace import Trajectory, to_table
 SHARD_GLOB = "shard-*.parquet"
 
 
+class TraceWriteError(UserError, OSError):
+    """A shard could not be written (the disk is full or refuses): the run cannot store what it produces. An
+    OSError still (what the store raised before), and a UserError: the CLI says it in one line."""
+
+
 class TraceStore:
     def __init__(self, root: str | Path):
         """``root`` is a run directory (traces go in ``root/traces``) or a ``traces`` directory itself."""
@@ -28,13 +33,18 @@ class TraceStore:
         self.dir = root if root.name == "traces" else root / "traces"
 
     def write(self, trajectories: list[Trajectory]) -> Path:
-        """Validate and write ``trajectories`` as one new shard; return its path."""
+        """Validate and write ``trajectories`` as one new shard; return its path. ``TraceWriteError`` when the
+        disk refuses (full, read-only): nothing of the shard is left, the shards already there are untouched."""
         if not trajectories:
             raise ValueError("TraceStore.write: no trajectories")
         table = to_table(trajectories)
         name = f"shard-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
         final = self.dir / name
-        atomic_write(final, lambda f: pq.write_table(table, f, compression="zstd"))
+        try:
+            atomic_write(final, lambda f: pq.write_table(table, f, compression="zstd"))
+        except OSError as e:
+            raise TraceWriteError(f"cannot write a trace shard to {self.dir}: {e} (the shards already there are "
+                                  "whole: free space there and run the same command again to resume)") from e
         return final
 
     def shards(self) -> list[Path]:

@@ -52,6 +52,8 @@ GRADED = TRUNCATED | {Status.OK}  # the grader sets the reward
 REWARDED = GRADED | {Status.PATCH_TOO_LARGE, Status.DISK_EXCEEDED, Status.PATCH_UNAVAILABLE}  # 0 if not graded
 EXCLUDED = frozenset(Status) - REWARDED  # reward always None: never trained, never a 0
 INFRA_ERRORS = "infra_errors"  # the name of the count of infra_error trajectories (trainer counters, metrics)
+INFRA_KINDS = "infra_kinds"  # the name of the counts of infra errors by kind (trainer counters, checkpoints)
+INFRA_KIND = "infra_kind"  # the metadata key of an infra error's kind (harness.infra), next to its reason
 
 
 class TraceError(ValueError):

@@ -20,6 +20,7 @@ its claims computed from what ran).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -105,6 +106,12 @@ def load_runs(root: Path, plan: Plan) -> dict[str, list[list[dict]]]:
     return out
 
 
+def torch_threads(alone: bool, parallel: int) -> int:
+    """A run's torch threads (OMP_NUM_THREADS): the cores shared among the runs at once, all of them when it
+    runs alone. Two runs of two threads each on 2 cores sampled half what two of one thread do (docs/results)."""
+    return max(1, (os.cpu_count() or 1) // (1 if alone else parallel))
+
+
 class Runner:
     """Runs `sao train` processes, `parallel` at a time (an arm of `alone` by itself), each logging to its
     train.log; one progress line per finished run."""
@@ -122,8 +129,10 @@ class Runner:
         d.mkdir(parents=True)
         out = open(d / "train.log", "w")
         cmd = [sys.executable, "-m", "sao_harness.sao.cli", "train", "--config", str(self.config), *overrides]
-        (d / "command.txt").write_text(" ".join(["sao", *cmd[3:]]) + "\n")
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT), out, time.monotonic()
+        threads = str(torch_threads(arm in self.alone, self.parallel))
+        (d / "command.txt").write_text(f"OMP_NUM_THREADS={threads} " + " ".join(["sao", *cmd[3:]]) + "\n")
+        env = {**os.environ, "OMP_NUM_THREADS": threads}
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env), out, time.monotonic()
 
     def run(self, todo: list[tuple[str, int, list[str]]], total: int) -> None:
         running: dict[tuple[str, int], tuple] = {}

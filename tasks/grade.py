@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from sao_harness.envs.config import DockerConfig, SandboxConfig
-from sao_harness.envs.engine import ensure_engine
+from sao_harness.envs.engine import ensure_engine, pool_size
 from sao_harness.tasks.clean_run import clean_run
 from sao_harness.tasks.diffparse import file_changes
 from sao_harness.tasks.grade_sandbox import GradeLimits, grading_limits, install_swebench_hooks
@@ -146,10 +146,11 @@ _client = None
 
 
 def default_client():
-    """Docker client of the project's engine (``envs.engine.ensure_engine``), made once."""
+    """Docker client of the project's engine (``envs.engine.ensure_engine``), made once; made anew when the
+    process's pool size grew (``envs.engine.ensure_pool``): this one client serves every grading at once."""
     global _client
     with _client_lock:
-        if _client is None:
+        if _client is None or getattr(_client, "sao_pool_size", 0) < pool_size():
             _client = ensure_engine(DockerConfig())
         return _client
 

@@ -280,14 +280,19 @@ class TaskFeed:
             self.queue.extend({"task": task, "round": round_id, "group": g} for _ in range(self.group_size))
         return ids
 
-    def release(self, worker_id: str) -> bool:
-        """A worker died: its assignment goes back to the front of the queue (sync) or is dropped (async)."""
+    def release(self, worker_id: str, max_retries: int = 0) -> dict | None:
+        """A worker died: its assignment (None: it had none), with `requeued`: put back at the front of the
+        queue to run again (`deaths` counts how often it lost its worker): in sync mode always (a round waits for
+        all of its assignments), in async mode while `deaths <= max_retries` (`rollout.max_retries`)."""
         item = self.inflight.pop(worker_id, None)
         self.routes.pop(worker_id, None)
-        if item is not None and item["round"] is not None:
-            self.queue.insert(0, {k: item[k] for k in ("task", "round", "group")})
-            return True
-        return False
+        if item is None:
+            return None
+        deaths = item.get("deaths", 0) + 1
+        requeued = item["round"] is not None or deaths <= max_retries
+        if requeued:
+            self.queue.insert(0, {**{k: item[k] for k in ("task", "round", "group")}, "deaths": deaths})
+        return {**item, "deaths": deaths, "requeued": requeued}
 
     def state(self) -> dict:
         return {"position": self.position, "handed": self.handed, "queued": len(self.queue),
@@ -342,7 +347,7 @@ class RolloutWorker:
         """Every attempt is stored, a retried infra error too (a disk failure here ends the worker)."""
         traj.metadata.update(worker=self.worker_id, assignment=item["assignment"], round=item["round"],
                              group=item["group"], replica=self.proxy.replica)
-        store.write([traj])
+        store.write([traj])  # TraceWriteError (a full disk): the worker ends, the pool stops the run
         self.episodes += 1
         self.infra_errors += traj.status == Status.INFRA_ERROR
         self.current = None

@@ -25,8 +25,9 @@
   with them), and nothing in the store is ever deleted.
 - No hangs: every wait has a timeout (`runtime.*_timeout_s`) and a message saying what it waited for;
   a rollout worker or an engine replica that dies is reported and replaced (`LoopError` after too
-  many deaths); a publish that does not reach every replica, or episodes that all end in infra
-  errors, end the run with a `LoopError` saying so.
+  many deaths); a publish that does not reach every replica, episodes that all end in infra
+  errors, or a share of them over `rollout.max_infra_frac` (`rollout/infra_frac`, by kind:
+  `rollout/infra/<kind>`), end the run with a `LoopError` saying so.
 - Replicas and staleness: a step ends when every replica serves the new version, so the replicas
   are never more than one version apart and the staleness bound holds across them.
 - `runtime.world_size > 1`: the update, publish and checkpoint run on that many FSDP2 rank actors
@@ -52,6 +53,7 @@ from sao_harness.core.errors import UserError
 from sao_harness.core.runlock import lock_file
 from sao_harness.envs.gc import run_scope
 from sao_harness.harness.config import SamplingConfig
+from sao_harness.harness.infra import kinds_line
 from sao_harness.harness.proxy import check_loopback
 from sao_harness.harness.rollout import prepare_images
 from sao_harness.harness.runner import episode_function
@@ -73,7 +75,7 @@ from sao_harness.trainer.config import RuntimeConfig, TrainerConfig
 from sao_harness.trainer.critic_init import initial_critic
 from sao_harness.trainer.metrics import MetricsLogger, progress_line
 from sao_harness.trainer.models import Critic, load_critic
-from sao_harness.trainer.queue import Counters, Entry, TraceQueue
+from sao_harness.trainer.queue import Counters, Entry, TraceQueue, infra_frac
 from sao_harness.trainer.ranks import Ranks, publish_weights
 from sao_harness.trainer.ray_utils import get, start_ray
 from sao_harness.trainer.sao import SAOTrainer
@@ -190,7 +192,7 @@ def _loop_metrics(entries: list[Entry], queue: TraceQueue, counters: Counters, t
                   eng: dict, eng_prev: dict) -> dict[str, float]:
     """The loop's metrics of one step (the update returns its own, docs/algorithm.md section 7)."""
     step_counts = counters.step_counts
-    consumed_step = len(entries) + sum(step_counts.values())
+    consumed_step = len(entries) + step_counts.get("dropped_stale", 0) + step_counts.get("excluded_unrewarded", 0)
     lags = [version_before - e.min_version for e in entries if e.min_version is not None]
     return {
         "rollout/queue_depth": float(sum(e.reward is not None for e in queue.pending.values())),
@@ -200,6 +202,8 @@ def _loop_metrics(entries: list[Entry], queue: TraceQueue, counters: Counters, t
         "rollout/infra_failure_rate": step_counts.get(INFRA_ERRORS, 0) / max(consumed_step, 1),
         "rollout/dropped_stale_total": float(counters.dropped_stale),
         "rollout/infra_errors_total": float(counters.infra_errors),
+        "rollout/infra_frac": infra_frac(queue, counters),
+        **{f"rollout/infra/{kind}": float(n) for kind, n in counters.infra_kinds.items()},
         "rollout/trained_total": float(counters.trained), "rollout/worker_deaths_total": float(counters.worker_deaths),
         "policy/optimizer_steps": float(trainer.policy_optimizer_steps),
         "critic/optimizer_steps": float(trainer.critic_optimizer_steps),
@@ -353,10 +357,11 @@ def _train(cfg, update_fn, log) -> dict:
             engine_idle_frac=_frac_idle(eng_prev["busy_s"] - eng0["busy_s"], eng_prev["up_s"] - eng0["up_s"]),
             trainer_idle_frac=wait_total / max(wall, 1e-9), policy_version=trainer.policy_version,
             counters=counters.saved(), consumed=list(queue.consumed), pending=list(queue.pending))
+        kinds = f" ({kinds_line(counters.infra_kinds)})" if counters.infra_kinds else ""
         log(f"sao train: done, step {step}, policy version {trainer.policy_version}: {trained_here} trajectories "
             f"trained in {wall:.0f}s ({summary['trained_per_min']:.1f}/min), engine idle "
             f"{summary['engine_idle_frac']:.0%}, trainer idle {summary['trainer_idle_frac']:.0%}, "
-            f"{counters.infra_errors} infra errors and {counters.dropped_stale} stale excluded; "
+            f"{counters.infra_errors} infra errors{kinds} and {counters.dropped_stale} stale excluded; "
             f"checkpoint {summary.get('checkpoint', '-')}")
         return summary
     finally:

@@ -31,7 +31,8 @@ FAMILIES = {
     "loss": "the losses the two optimizers minimise",
     "critic": "the value function: explained variance, values, returns, gradient norm, learning rate",
     "policy": "the policy step: ratios, DIS masking / PPO clipping, entropy, advantages, gradient norm",
-    "rollout": "the trajectories behind a step: reward, turns, tokens, truncation, infra errors, staleness",
+    "rollout": "the trajectories behind a step: reward, turns, tokens, truncation, infra errors (share, kinds), "
+               "staleness",
     "perf": "throughput and utilisation: trajectories per hour, tokens per second, idle fractions",
     "time": "seconds per phase of a step (and progress counters)",
 }

@@ -6,6 +6,8 @@
   (counted from its oldest token, `docs/algorithm.md`).
 - `take_async` (SAO): a batch is the first B usable trajectories, taken the moment B are there.
 - `take_round` (the sync baseline): a round's rewarded trajectories, once all of it has finished.
+- `infra_frac` / `over_infra_limit`: the run's share of infra errors among the trajectories consumed
+  (every attempt is stored and consumed, a retried one too), and the `rollout.max_infra_frac` stop rule.
 """
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from sao_harness.harness.infra import OTHER, kind_of, min_episodes, over_max_infra_frac
 from sao_harness.harness.store import TraceStore, read_shard
-from sao_harness.harness.trace import INFRA_ERRORS, Status, Trajectory
+from sao_harness.harness.trace import INFRA_ERRORS, INFRA_KINDS, Status, Trajectory
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Entry:
     round: str | None  # sync mode: the round it belongs to
     last_attempt: bool  # False: an infra error that was retried
     error: str | None = None  # an infra error's reason
+    kind: str | None = None  # an infra error's kind (harness.infra.KINDS)
 
 
 class TraceQueue:
@@ -63,8 +67,10 @@ class TraceQueue:
                     continue
                 meta = json.loads(row["metadata"] or "{}")
                 low = pc.min(table.column("policy_version")[i].values).as_py()
-                self.pending[tid] = Entry(tid, shard, Status(row["status"]), row["reward"], low, meta.get("round"),
-                                          meta.get("last_attempt", True), meta.get(Status.INFRA_ERROR))
+                status = Status(row["status"])
+                self.pending[tid] = Entry(tid, shard, status, row["reward"], low, meta.get("round"),
+                                          meta.get("last_attempt", True), meta.get(Status.INFRA_ERROR),
+                                          kind_of(meta) if status == Status.INFRA_ERROR else None)
                 new += 1
             self._seen.add(shard.name)
         return new
@@ -91,6 +97,7 @@ class Counters:
     trained: int = 0
     excluded_unrewarded: int = 0  # infra_error, agent_error: never trained, never a 0
     infra_errors: int = 0
+    infra_kinds: dict = field(default_factory=dict)  # harness.infra kind -> infra errors of it
     dropped_stale: int = 0
     worker_deaths: int = 0
     engine_deaths: int = 0  # engine replicas that died and were replaced
@@ -103,8 +110,8 @@ class Counters:
         self.step_counts[key] = self.step_counts.get(key, 0) + n
 
     def saved(self) -> dict:
-        return {k: getattr(self, k) for k in ("trained", "excluded_unrewarded", INFRA_ERRORS, "dropped_stale",
-                                                "worker_deaths", "engine_deaths")}
+        return {k: getattr(self, k) for k in ("trained", "excluded_unrewarded", INFRA_ERRORS, INFRA_KINDS,
+                                                "dropped_stale", "worker_deaths", "engine_deaths")}
 
 
 def drop(queue: TraceQueue, counters: Counters, entries: list[Entry], why: str) -> None:
@@ -117,6 +124,8 @@ def drop(queue: TraceQueue, counters: Counters, entries: list[Entry], why: str) 
             counters.count("excluded_unrewarded")
             if e.status == Status.INFRA_ERROR:
                 counters.count(INFRA_ERRORS)
+                kind = e.kind or OTHER
+                counters.infra_kinds[kind] = counters.infra_kinds.get(kind, 0) + 1
                 counters.infra_streak += 1
                 counters.last_infra_error = e.error
 
@@ -159,3 +168,14 @@ def take_round(queue: TraceQueue, counters: Counters, round_id: str, round_size:
         counters.infra_streak = 0
     queue.consume(batch)
     return batch
+
+
+def infra_frac(queue: TraceQueue, counters: Counters) -> float:
+    """Infra errors / trajectories consumed, over the run so far (`rollout/infra_frac`); 0 before the first."""
+    return counters.infra_errors / max(len(queue.consumed), 1)
+
+
+def over_infra_limit(queue: TraceQueue, counters: Counters, max_frac: float | None, batch_size: int) -> str | None:
+    """Why the run must stop (`rollout.max_infra_frac`, checked from `min_episodes(batch_size)` consumed), or None."""
+    return over_max_infra_frac(counters.infra_errors, len(queue.consumed), counters.infra_kinds, max_frac,
+                               min_episodes(batch_size), counters.last_infra_error)

@@ -15,10 +15,13 @@
 - `start(n)`: n `RolloutWorker`s, on the nodes with `rollout.node_resources` when set, else on a
   replica's node (worker i on replica i mod N's: loopback proxies are reachable there).
 - `check()`: replicas are checked; a worker whose `run()` returned or raised died: it is
-  reported, its task goes back to the feed, and it is replaced (`LoopError` after
-  `3 x rollout.workers` deaths); episodes that all end in infra errors end the run too.
+  reported, the episode it ran is stored as an `infra_error` (no reward), its task goes back to the
+  feed (sync: always; async: within `rollout.max_retries`, `TaskFeed.release`), and it is replaced
+  (`LoopError` after `3 x rollout.workers` deaths); episodes that all end in infra errors end the run
+  too, and so does a worker the trace store refused (`TraceWriteError`, a full disk: at once).
 - `next_batch(...)`: blocks until the queue holds a batch, checking the workers meanwhile;
-  `LoopError` when no trajectory arrives for `runtime.batch_timeout_s`.
+  `LoopError` when no trajectory arrives for `runtime.batch_timeout_s`, or when the run's share of
+  infra errors is over `rollout.max_infra_frac` (`trainer.queue.over_infra_limit`: the kinds listed).
 - `stop()`: kills the workers and lets them be gone (before the engine goes, or they would store
   engine failures); episodes in flight are abandoned, never stored.
 """
@@ -31,9 +34,21 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sao_harness.harness.engines.registry import replica_gpus
 from sao_harness.harness.engines.vllm_env import engine_runtime_env
+from sao_harness.harness.episode import new_episode_id
+from sao_harness.harness.store import TraceStore, TraceWriteError
+from sao_harness.harness.trace import Status, Trajectory
 from sao_harness.trainer.actors import EngineActor, RolloutWorker
-from sao_harness.trainer.queue import Counters, Entry, TraceQueue, take_async, take_round
+from sao_harness.trainer.queue import Counters, Entry, TraceQueue, over_infra_limit, take_async, take_round
 from sao_harness.trainer.ray_utils import LoopError, get, is_done
+
+
+def _error(ref) -> BaseException | None:
+    """What the finished call behind `ref` raised (the original exception, not Ray's wrapper), or None."""
+    try:
+        ray.get(ref, timeout=0)
+    except Exception as e:  # noqa: BLE001  (RayActorError: the process died; RayTaskError: what run() raised)
+        return getattr(e, "cause", None) or e
+    return None
 
 
 def _why(ref) -> str:
@@ -205,13 +220,34 @@ class WorkerPool:
         for wid in [w for w, r in self.runs.items() if r in ready]:
             why = _why(self.runs[wid])
             counters.count("worker_deaths")
+            cause = _error(self.runs[wid])
+            if isinstance(cause, TraceWriteError):  # a replacement could not write either: stop, say so
+                raise LoopError(f"rollout worker {wid}: {cause}; `sao train` resumes from the last checkpoint")
             self.log(f"rollout worker {wid} died ({why}); replacing it")
             if counters.worker_deaths > 3 * self.cfg.rollout.workers:
                 raise LoopError(f"{counters.worker_deaths} rollout worker deaths; the last: {wid}: {why}")
-            get(self.feed.release.remote(wid), self.timeout, "giving a dead worker's task back")
+            item = get(self.feed.release.remote(wid, self.cfg.rollout.max_retries), self.timeout,
+                       "giving a dead worker's task back")
+            if item is not None:
+                self._store_abandoned(wid, why, item)
             ray.kill(self.workers.pop(wid))
             del self.runs[wid]
             self._start_worker(f"{wid}.r{counters.worker_deaths}")
+
+    def _store_abandoned(self, wid: str, why: str, item: dict) -> None:
+        """The episode a dead worker was running: an `infra_error` in the store (no reward, counted when the
+        queue reaches it), retried (`last_attempt` False) when the feed put its task back (`TaskFeed.release`)."""
+        task_id = item["task"].instance_id
+        traj = Trajectory(task_id=task_id, traj_id=new_episode_id(task_id), status=Status.INFRA_ERROR, metadata={
+            Status.INFRA_ERROR: f"rollout worker {wid} died during the episode: {why}", "worker": wid,
+            "assignment": item["assignment"], "round": item["round"], "group": item["group"],
+            "attempt": item["deaths"] - 1, "last_attempt": not item["requeued"], "t_end": time.time()})
+        try:
+            TraceStore(self.cfg.run.dir).write([traj])
+        except TraceWriteError as e:
+            raise LoopError(f"{e}; `sao train` resumes from the last checkpoint") from e
+        self.log(f"rollout worker {wid}'s episode of {task_id}: infra_error"
+                 + ("; its task runs again" if item["requeued"] else ""))
 
     def report(self) -> str:
         """One line: each worker's episodes and what it runs now."""
@@ -233,6 +269,8 @@ class WorkerPool:
                 batch = take_async(queue, self.counters, tc.batch_size, version, tc.max_staleness)
             else:
                 batch = take_round(queue, self.counters, round_id, tc.batch_size)
+            if why := over_infra_limit(queue, self.counters, self.cfg.rollout.max_infra_frac, tc.batch_size):
+                raise LoopError(why)  # the stored traces stay; a resumed run replays from the last checkpoint
             if batch is not None:
                 return batch
             if time.monotonic() - last_new > rt.batch_timeout_s:

@@ -15,10 +15,13 @@ Contract:
 - ``max_command_s``: the wall time one terminal call may take, whatever ``timeout`` the agent asks for and
   even when the command keeps printing (the SDK then waits for it forever). Past it the command gets ^C
   through the TTY and, ``KILL_GRACE_S`` later, its shell's session is SIGKILLed; the observation says so.
+- The PTY is read and waited on with ``poll`` (the SDK's ``select`` fails on a descriptor >= 1024, which a
+  process running a hundred episodes at once has): ``envs.shell.wait_fd``.
 - It relies on private SDK attributes and methods; ``tests/harness/test_sdk_pins.py`` pins them.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import pty
@@ -35,10 +38,11 @@ from openhands.tools.terminal.impl import TerminalExecutor
 from openhands.tools.terminal.terminal.subprocess_terminal import ENTER, SubprocessTerminal
 from openhands.tools.terminal.terminal.terminal_session import TerminalSession
 
+from sao_harness.envs.shell import wait_fd
 from sao_harness.harness.tools.target import SandboxBroken, SandboxTarget, SandboxUnavailable
 
 PTY_ROWS, PTY_COLS = 100, 4000
-SHELL_START_TIMEOUT_S = 30.0
+SHELL_START_TIMEOUT_S = 120.0  # docker exec -it up to the prompt: ~0.5 s idle, p99 4 s with 16 at once on 2 busy cores
 # The docker CLI detaches on its detach keys (default ctrl-p,ctrl-q); make that sequence unlikely.
 DETACH_KEYS = "ctrl-@,ctrl-@"
 MAX_LINE_CHARS = 1 << 16
@@ -107,6 +111,30 @@ class DockerExecTerminal(SubprocessTerminal):
                 f"no shell starts in the sandbox "
                 f"({'docker exec exited with ' + str(rc) if rc is not None else 'no prompt'}): {last[0]!r}")
         self.clear_screen()
+
+    def _read_output_continuously_pty(self) -> None:
+        """The SDK's reader thread, with ``poll`` (``wait_fd``) for its ``select``; ends with the child, at EOF
+        or once the PTY is closed."""
+        fd = self._pty_master_fd
+        while fd is not None and self._pty_master_fd == fd:
+            if self.process is not None and self.process.poll() is not None:
+                return
+            try:
+                if not wait_fd(fd, 0.1):
+                    continue
+                chunk = os.read(fd, 4096)
+            except OSError as e:  # would block, or EIO as the child exits (as the SDK: go on); closed: done
+                if e.errno == errno.EBADF:
+                    return
+                continue
+            if not chunk:
+                return
+            with self.output_lock:
+                self._add_text_to_buffer(chunk.decode("utf-8", errors="replace"))
+
+    def _wait_for_pty_writable(self, timeout: float) -> bool:
+        """The SDK's flow control (before each line of a multi-line command), with ``poll`` for ``select``."""
+        return self._pty_master_fd is not None and wait_fd(self._pty_master_fd, timeout, write=True)
 
     def _wait_ready(self, marker: str, timeout: float) -> bool:
         """True once ``marker <shell pid>`` was printed and a prompt followed it."""

@@ -80,6 +80,39 @@ def test_stream_read_times_out():
     a.close()
 
 
+HIGH_FD = 1500  # past select()'s FD_SETSIZE (1024): what a process running ~100 episodes at once hands out
+
+
+@pytest.fixture
+def high_fd_pair():
+    """A connected socket pair whose reading end has descriptor ``HIGH_FD`` (the soft fd limit raised for it)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= HIGH_FD:
+        pytest.skip(f"the hard limit of open files ({hard}) is below {HIGH_FD}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, HIGH_FD + 1), hard))
+    a, b = socket.socketpair()
+    high = socket.socket(fileno=os.dup2(b.fileno(), HIGH_FD))
+    b.close()
+    yield a, high
+    a.close()
+    high.close()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_stream_reads_a_descriptor_past_select_limit(high_fd_pair):
+    """The sandbox shell's stream waits with poll: select() raises ValueError on a descriptor >= 1024."""
+    from sao_harness.envs.shell import _Stream, wait_fd
+
+    a, high = high_fd_pair
+    assert not wait_fd(high, 0.01) and wait_fd(high, 0.01, write=True)
+    a.sendall(struct.pack(">BxxxL", 1, 2) + b"ok")
+    assert _Stream(high).read(time.monotonic() + 5) == b"ok"
+    with pytest.raises(TimeoutError):
+        _Stream(high).read(time.monotonic() + 0.05)
+
+
 # -- mirrors, labels, config ----------------------------------------------------------------------
 def test_mirror_from_deb822_and_one_line_sources(tmp_path):
 

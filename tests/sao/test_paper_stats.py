@@ -12,7 +12,7 @@ import statistics
 import pytest
 
 from sao_harness.sao.config import load_config
-from sao_harness.sao.paper import Plan, make_plan, run_overrides
+from sao_harness.sao.paper import Plan, make_plan, run_overrides, torch_threads
 from sao_harness.sao.paper_arms import ARMS, CLAIMS
 from sao_harness.sao.paper_claims import decide
 from sao_harness.sao.paper_report import summary_line, write_report
@@ -124,3 +124,10 @@ def test_every_arm_is_a_valid_config_and_uses_the_one_learning_rate(tmp_path):
     assert len(plan.runs()) == len(ARMS) * plan.seeds
     only = Plan(**{**plan.to_dict(), "claims": ("C4",)})
     assert only.runs() == [("sao", 0), ("sao-gae-obs", 0), ("sao", 1), ("sao-gae-obs", 1)]
+
+
+def test_runs_at_once_share_the_cores_and_a_run_alone_has_them_all(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert torch_threads(alone=True, parallel=2) == 8
+    assert torch_threads(alone=False, parallel=2) == 4
+    assert torch_threads(alone=False, parallel=16) == 1

@@ -64,7 +64,7 @@ def test_async_versions_critic_steps_infra_errors_and_a_dead_worker(ray_address,
 
     cfg = sim_cfg(tmp_path, "async", project_root, "trainer.max_steps=4", "trainer.batch_size=4",
                   "rollout.workers=3", "testbed.simulated.infra_error_rate=0.3", "trainer.save_every=2",
-                  "trainer.max_staleness=0")
+                  "trainer.max_staleness=0", "rollout.max_infra_frac=null")  # 0.3 injected: over the default limit
     seen: list[dict] = []
     lines: list[str] = []
 
