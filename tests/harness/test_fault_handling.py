@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import threading
 import time
@@ -16,7 +15,6 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 
-from sao_harness.harness import rollout
 from sao_harness.harness import store as store_module
 from sao_harness.harness.rollout import run_rollout
 from sao_harness.harness.store import TraceStore, TraceWriteError
@@ -25,6 +23,7 @@ from sao_harness.sao.config import load_config
 from sao_harness.trainer.actors import TaskFeed
 from sao_harness.trainer.queue import Counters, TraceQueue, take_async
 from sao_harness.trainer.workers import WorkerPool
+from tests.support.rollout_stub import stub_rollout
 from tests.support.traces import make_traj
 
 Feed = TaskFeed.__ray_actor_class__  # the plain class behind the Ray actor
@@ -77,11 +76,7 @@ def fake_rollout(monkeypatch, tmp_path, n: int = 6):
                 break  # the one running when the write failed ends (the run stopped: its trace is not kept)
         return Trajectory(task_id=task.instance_id, traj_id=eid, status=Status.OK, reward=1.0)
 
-    monkeypatch.setattr(rollout, "tasks_from_config", lambda cfg: (tasks, []))
-    monkeypatch.setattr(rollout, "preflight", lambda cfg, tasks, errors, log: tasks)
-    monkeypatch.setattr(rollout, "prepare_images", lambda cfg, tasks, log: None)
-    monkeypatch.setattr(rollout, "episode_function", lambda env: episode)
-    monkeypatch.setattr(rollout, "run_scope", lambda run_id: contextlib.nullcontext())
+    stub_rollout(monkeypatch, tasks, episode)
     cfg = load_config(None, [f"run.root={tmp_path}", "run.name=r", "rollout.workers=1", "rollout.max_retries=0"])
 
     def run():

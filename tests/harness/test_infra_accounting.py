@@ -2,7 +2,6 @@
 code writes, the summary line, and the rollout.max_infra_frac stop. No Docker: fake episodes, typed faults."""
 from __future__ import annotations
 
-import contextlib
 import threading
 from types import SimpleNamespace
 
@@ -11,7 +10,6 @@ import pytest
 from sao_harness.envs.errors import CommandTimeout, ContainerDied, EngineGone, ImageNotFound, OOMKilled, SandboxError
 from sao_harness.envs.faults import engine_calls
 from sao_harness.envs.pull import ImagePullError
-from sao_harness.harness import rollout
 from sao_harness.harness.engines.protocol import EngineTimeout
 from sao_harness.harness.episode import EpisodeContext, run_episode
 from sao_harness.harness.infra import KINDS, error_kind, infra_kind, kind_of, kinds_line, over_max_infra_frac
@@ -21,6 +19,7 @@ from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import INFRA_KIND, Status, Trajectory
 from sao_harness.sao.config import load_config
 from sao_harness.tasks.grade_status import GradeStatus
+from tests.support.rollout_stub import stub_rollout
 
 
 def reason(e: BaseException) -> str:
@@ -175,11 +174,7 @@ def fake_rollout(monkeypatch, tmp_path, failing: set[int], *overrides, n: int = 
             raise engine_gone()
         return Trajectory(task_id=task.instance_id, traj_id=eid, status=Status.OK, reward=1.0)
 
-    monkeypatch.setattr(rollout, "tasks_from_config", lambda cfg: (tasks, []))
-    monkeypatch.setattr(rollout, "preflight", lambda cfg, tasks, errors, log: tasks)
-    monkeypatch.setattr(rollout, "prepare_images", lambda cfg, tasks, log: None)
-    monkeypatch.setattr(rollout, "episode_function", lambda env: episode)
-    monkeypatch.setattr(rollout, "run_scope", lambda run_id: contextlib.nullcontext())
+    stub_rollout(monkeypatch, tasks, episode)
     cfg = load_config(None, [f"run.root={tmp_path}", "run.name=r", "rollout.workers=1", "rollout.max_retries=0",
                              *overrides])
     lines: list[str] = []
