@@ -1,37 +1,19 @@
-"""What the bench scripts share: the project importable from a bare checkout, and two small helpers.
+"""What the bench scripts share: the checkout's root on ``sys.path``, and two small helpers.
 
 Every script imports this module first (``python bench/x.py`` puts bench/ on ``sys.path``, so
-``from _common import ...`` works with no install); importing it runs ``use_checkout()``, the one
-place that makes the project's packages importable from the checkout.
+``from _common import ...`` works with no install); importing it puts the root first on ``sys.path``,
+so ``sao_harness`` is the checkout's (its links ``sao_harness/trainer -> ../trainer``, ...; no install
+needed: the GPU machine runs bench/gpu_update.py from a bare checkout) and ``tests.support`` resolves.
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
-
-
-def use_checkout() -> Path:
-    """Make ``sao_harness.<folder>`` importable from this checkout; the root.
-
-    Installed (``make setup``: editable), nothing to do. A bare checkout (the GPU machine runs
-    bench/gpu_update.py with no install): ``sao_harness`` is made a package whose path is the root, so
-    ``sao_harness.trainer`` is ``<root>/trainer``, as pyproject.toml's package-dir maps it.
-    """
-    if importlib.util.find_spec("sao_harness") is None:
-        package = types.ModuleType("sao_harness", "sao-harness, from a bare checkout (bench/_common.py)")
-        package.__path__ = [str(ROOT)]
-        sys.modules["sao_harness"] = package
-    if sys.path[:1] != [str(ROOT)]:  # tests.support and the like, as from the checkout's root
-        sys.path.insert(0, str(ROOT))
-    return ROOT
-
-
-use_checkout()
+if sys.path[:1] != [str(ROOT)]:
+    sys.path.insert(0, str(ROOT))
 
 
 def verdict(ok: bool) -> str:

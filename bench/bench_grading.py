@@ -79,12 +79,12 @@ def main() -> int:
     args = ap.parse_args()
     from sao_harness.envs.config import DockerConfig
     from sao_harness.envs.engine import ensure_engine
-    from sao_harness.envs.images import ensure_base_image
+    from sao_harness.envs.images import ensure_base_image, image_exists
     from sao_harness.sao.config import load_config
     from sao_harness.tasks import clean_run
     from sao_harness.tasks.build import build_task_repo
     from sao_harness.tasks.clean_run import RUNS
-    from sao_harness.tasks.grade import grade, image_exists, new_run_id
+    from sao_harness.tasks.grade import grade, new_run_id
     from sao_harness.tasks.grade_status import GradeStatus
     from sao_harness.tasks.hacks import hack_patch
     from sao_harness.tasks.loaders import BUNDLED, load_task_repo, load_tasks_lenient

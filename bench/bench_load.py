@@ -7,8 +7,8 @@ grader's own cost. Per N: ``rollout.workers = N`` and N episodes (bundled tasks,
 - sandbox start p50 / p99: container create -> its shell answers the first command (the episode's
   ``sandbox_start_s``); p99 of its shell's part (bounded by ``sandbox.start_timeout_s``) and of the agent's
   terminal start (``docker exec -it``, ``tools_start_s``; bounded by ``SHELL_START_TIMEOUT_S``);
-- episodes per minute (first episode start to last end), the median episode (its agent and grading
-  parts), infra errors (count, kinds: harness.infra);
+- episodes per minute (first episode start to last end), the median episode (its agent part, its wait
+  for a grading slot: ``grading.node_slots``, and its grading), infra errors (count, kinds: harness.infra);
 - peak memory per sandbox (its cgroup's peak, page cache included), p50 and max over the run's sandboxes;
   the same per grading container (label ``sao-harness.owner=grade``: every run's on the engine, other
   processes' too), the most containers of each at once, the host's memory in use (the largest drop
@@ -274,7 +274,7 @@ def figures(n: int, trajs, sampler: Sampler, cpu: dict[str, float], shells: list
                 per_min=len(trajs) / span * 60, start50=percentile(starts, 50), start99=percentile(starts, 99),
                 shell99=percentile(shells, 99), term99=percentile(terminal, 99),
                 episode50=median_timing(trajs, "episode_s"), agent50=median_timing(trajs, "agent_s"),
-                grade50=median_timing(trajs, "grade_s"),
+                wait50=median_timing(trajs, "grade_wait_s"), grade50=median_timing(trajs, "grade_s"),
                 infra=sum(infra.values()), kinds=dict(infra), reasons=reasons, mem50=percentile(peaks, 50),
                 mem_max=max(peaks, default=math.nan), sandboxes=len(peaks), gmem50=percentile(grading, 50),
                 gmem_max=max(grading, default=math.nan), at_once=sampler.at_once,
@@ -283,7 +283,8 @@ def figures(n: int, trajs, sampler: Sampler, cpu: dict[str, float], shells: list
 
 
 HEADER = ("| N | episodes | resolved | span s | episodes/min | start p50 / p99 s | shell p99 s | terminal p99 s "
-          "| episode p50 s (agent / grade) | infra errors | MiB/sandbox p50 (max) | MiB/grading ctr p50 (max) "
+          "| episode p50 s (agent / grade wait / grade) | infra errors | MiB/sandbox p50 (max) "
+          "| MiB/grading ctr p50 (max) "
           "| sandboxes / grading ctrs at once | host MiB used | rollout RSS MiB "
           "| CPU cores: host / rollout / dockerd / containerd | peak fds |")
 
@@ -292,7 +293,7 @@ def row(r: dict) -> str:
     cpu = " / ".join(f"{r['cpu'][k]:.2f}" for k in ("host", "rollout", "dockerd", "containerd"))
     return (f"| {r['n']} | {r['episodes']} | {r['resolved']} | {r['span']:.0f} | {r['per_min']:.1f} "
             f"| {r['start50']:.2f} / {r['start99']:.2f} | {r['shell99']:.2f} | {r['term99']:.2f} "
-            f"| {r['episode50']:.1f} ({r['agent50']:.1f} / {r['grade50']:.1f}) | {r['infra']} "
+            f"| {r['episode50']:.1f} ({r['agent50']:.1f} / {r['wait50']:.1f} / {r['grade50']:.1f}) | {r['infra']} "
             f"| {r['mem50']:.0f} ({r['mem_max']:.0f}) | {r['gmem50']:.0f} ({r['gmem_max']:.0f}) "
             f"| {r['at_once']['sandbox']} / {r['at_once']['grade']} "
             f"| {r['host']:.0f} | {r['rss']:.0f} | {cpu} | {r['fds']} |")

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_vllm.py     # re-runs itself with .venv-vllm's Python (make test-vllm builds it)
 
-The dense head_dim-32 Qwen3 test model (``harness.engines.vllm_testmodel``; vLLM's CPU attention has no
+The dense head_dim-32 Qwen3 test model (``tests.support.vllm_testmodel``; vLLM's CPU attention has no
 head_dim 16, the tiny model's), fp32, the same workload on each engine: ``REQUESTS`` requests of a
 ``PROMPT``-token prompt, ``MAX_TOKENS`` tokens each (T=1, top-k 16, seeded), ``CONCURRENCY`` at a time
 (hf: ``max_batch`` = that), after one warm-up request. Tokens/s = generated tokens / wall time. Also the
@@ -48,7 +48,7 @@ def main() -> int:
     from sao_harness.harness.engines.hf import HFEngine
     from sao_harness.harness.engines.protocol import SamplingParams
     from sao_harness.harness.engines.vllm import VLLMEngine
-    from sao_harness.harness.engines.vllm_testmodel import ensure_test_model
+    from tests.support.vllm_testmodel import ensure_test_model
 
     path = str(ensure_test_model(ROOT / ".cache" / "sao", "dense"))
     figures = {}

@@ -9,7 +9,7 @@ logprob of every sampled token, with its own routing (replay off) and with the e
 Printed per setting: |log pi_train - log pi_engine| over the sampled tokens (p50, p99, max) and the
 fraction DIS would mask (log r outside (log(1 - eps_low), log(1 + eps_high)), trainer defaults); and the
 route agreement: the fraction of the engine's token x layer x top-k choices the trainer's router makes
-itself (replay off). The model is the tiny Qwen3-MoE of ``harness.engines.vllm_testmodel`` (weights of
+itself (replay off). The model is the tiny Qwen3-MoE of ``tests.support.vllm_testmodel`` (weights of
 std 0.4: next-token distributions and routing as decisive as a trained model's, where the project's
 tiny model at 0.02 is near-uniform and shows no mismatch to speak of). Last line:
 
@@ -30,12 +30,12 @@ from _common import ROOT
 from sao_harness.harness.engines.hf import HFEngine
 from sao_harness.harness.engines.protocol import SamplingParams
 from sao_harness.harness.engines.routes import NO_ROUTE, ROUTE_DTYPE
-from sao_harness.harness.engines.vllm_testmodel import ensure_test_model
 from sao_harness.harness.trace import Segment, Trajectory
 from sao_harness.trainer.batch import build_batch, micro_batches, pack
 from sao_harness.trainer.config import TrainerConfig
 from sao_harness.trainer.precision import train_mode
 from sao_harness.trainer.sao import SAOTrainer
+from tests.support.vllm_testmodel import ensure_test_model
 
 
 def sample(model: Path, replies: int, tokens: int, seed: int) -> list[Trajectory]:

@@ -75,6 +75,7 @@ def base_tag(cfg: DockerConfig) -> str:
 
 
 def image_exists(client, name: str) -> bool:
+    """Whether the engine of ``client`` holds the image ``name`` (no registry is asked)."""
     import docker  # lazy: docker-py is heavy (it pulls in requests)
 
     try:

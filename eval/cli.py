@@ -124,16 +124,13 @@ def read_predictions(path: str, tasks_by_id: dict) -> tuple[list[dict], list[str
 
 def cmd_grade(args) -> int:
     from sao_harness.envs.engine import ensure_engine  # lazy: keep sao --help fast
+    from sao_harness.envs.images import image_exists  # lazy: keep sao --help fast
     from sao_harness.eval.grading import (  # lazy: keep sao --help fast
         grade_all,
         resolved_line,
         swebench_report,
     )
-    from sao_harness.tasks.grade import (  # lazy: keep sao --help fast
-        RUN_ID_RE,
-        image_exists,
-        new_run_id,
-    )
+    from sao_harness.tasks.grade import RUN_ID_RE, new_run_id  # lazy: keep sao --help fast
     from sao_harness.tasks.loaders import load_tasks_lenient  # lazy: keep sao --help fast
 
     cfg = args.cfg
@@ -181,7 +178,8 @@ def cmd_grade(args) -> int:
         print(f"error: {msg}")
     t0 = time.monotonic()
     print(f"grading {len(todo)} prediction(s) from {args.predictions} against {dataset} "
-          f"(run id {run_id}, {cfg.eval.max_workers} at a time, guard {'on' if cfg.eval.guard else 'off'})", flush=True)
+          f"(run id {run_id}, {cfg.eval.max_workers} at a time, guard {'on' if cfg.grading.guard else 'off'})",
+          flush=True)
 
     def on_result(i: int, n: int, r) -> None:
         extra = f" stripped: {', '.join(r.stripped_files)}" if r.stripped_files else ""
@@ -189,8 +187,8 @@ def cmd_grade(args) -> int:
         print(f"  {r.instance_id}: official {r.official_status}, guarded {r.status}, hacking attempts "
               f"{r.hacking_attempts}, {r.seconds:.1f} s{extra}{err}", flush=True)
 
-    graded = grade_all(todo, run_id=run_id, client=client, eval_cfg=cfg.eval, sandbox_cfg=cfg.sandbox,
-                       log_root=log_root, on_result=on_result)
+    graded = grade_all(todo, run_id=run_id, client=client, grading_cfg=cfg.grading, workers=cfg.eval.max_workers,
+                       sandbox_cfg=cfg.sandbox, log_root=log_root, on_result=on_result)
     results = {iid: r.to_dict() for iid, r in graded.items()}
     graded_preds = {p["instance_id"]: p for p in preds if p["instance_id"] in results}
     swebench = swebench_report(graded_preds, tasks, run_id, log_root=log_root, out_dir=run_dir)
@@ -199,7 +197,7 @@ def cmd_grade(args) -> int:
     n_official = sum(r["official_status"] == GradeStatus.RESOLVED for r in results.values())
     infra = sorted(i for i, r in results.items() if GradeStatus.INFRA_FAILURE in (r["status"], r["official_status"]))
     summary = {
-        "run_id": run_id, "dataset": dataset, "predictions": args.predictions, "guard": cfg.eval.guard,
+        "run_id": run_id, "dataset": dataset, "predictions": args.predictions, "guard": cfg.grading.guard,
         "swebench_report": swebench, "log_root": str(log_root), "seconds": round(time.monotonic() - t0, 2),
         "submitted": m, "graded": len(results), "resolved_guarded": n_guarded, "resolved_official": n_official,
         "hacking_attempts": {i: r["hacking_attempts"] for i, r in results.items() if r["hacking_attempts"]},

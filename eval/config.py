@@ -1,8 +1,8 @@
-"""Config section for evaluation and grading (``eval.*``).
+"""Config section for evaluation (``eval.*``); how a patch is graded is ``grading.*`` (tasks.config).
 
 ``sao eval`` runs the agent of ``checkpoint`` (None: ``model.path``) on ``dataset`` with the
 evaluation sampling settings (``temperature`` / ``top_p`` replace ``sampling.*`` for the eval run),
-writes ``<run.dir>/eval/<name>/`` and grades there with swebench.
+writes ``<run.dir>/eval/<name>/`` and grades there with swebench (``grading.*``).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sao_harness.core.config import Section
 
 
 class EvalConfig(Section):
-    """`sao eval`: the policy, the dataset, the evaluation sampling and the grading."""
+    """`sao eval`: the policy, the dataset, the evaluation sampling, and how many instances are graded at once."""
 
     dataset: str = Field("bundled", description="`bundled`, SWE-bench/SWE-bench_Verified, or a local swebench "
                          "5.x file / task repo; several, comma-separated: a mixed source, reported per dataset")
@@ -30,14 +30,6 @@ class EvalConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="evaluation top-p, replaces sampling.top_p (1 = off)")
     workers: int | None = Field(None, gt=0, description="episodes run at once; null = rollout.workers")
     max_workers: int = Field(2, gt=0, description="instances graded at once")
-    grade_timeout_s: float = Field(1800.0, gt=0, description="seconds per swebench run (eval script); tests "
-                                   "still running past it are the patch's failure (unresolved, 0), a setup "
-                                   "still running is an infra failure")
-    grade_output_cap_bytes: int = Field(16_000_000, gt=0, description="test output kept per grading run "
-                                        "(official and clean); past it the run is stopped and the patch is "
-                                        "unresolved (hack kind output_cap), not an infra failure")
-    guard: bool = Field(True, description="strip test-file / test-config changes before grading "
-                        "(reward-hacking guard)")
     gold_preflight: bool = Field(False, description="grade the gold patches first and stop if one does not "
                                  "resolve (--gold)")
 

@@ -1,6 +1,6 @@
 """The one grading driver: predictions -> swebench verdicts, for `sao eval` and `sao eval grade`.
 
-``grade_all(pairs, run_id=, client=, eval_cfg=, log_root=, on_result=)`` grades each (task, prediction)
+``grade_all(pairs, run_id=, client=, grading_cfg=, workers=, log_root=, on_result=)`` grades each (task, prediction)
 with ``tasks.grade.grade`` (the official verdict, and the guarded one with test-file changes stripped),
 ``eval.max_workers`` at a time, and calls ``on_result(i, n, result)`` as each one finishes.
 On top of it: ``grade_predictions`` (the resumable grading of `sao eval`, one line per verdict in
@@ -21,6 +21,7 @@ from pathlib import Path
 from sao_harness.core.errors import UserError
 from sao_harness.eval.paths import EvalPaths, JsonlLog, latest_by_instance, write_json
 from sao_harness.eval.report import dataset_of
+from sao_harness.tasks.config import GradingConfig
 from sao_harness.tasks.grade import LOG_ROOT, GradeResult, grade, new_run_id
 from sao_harness.tasks.grade_status import GradeStatus
 
@@ -29,17 +30,17 @@ def resolved_line(guarded: int, official: int, total: int) -> str:
     return f"resolved: {guarded}/{total} guarded, {official}/{total} official"
 
 
-def grade_all(pairs: list[tuple], *, run_id: str, client, eval_cfg, log_root: Path, sandbox_cfg=None,
-              on_result=None) -> dict[str, GradeResult]:
+def grade_all(pairs: list[tuple], *, run_id: str, client, grading_cfg: GradingConfig, workers: int, log_root: Path,
+              sandbox_cfg=None, on_result=None) -> dict[str, GradeResult]:
     """Grade each ``(task, prediction)`` (see the module doc); {instance_id: result} in the order of ``pairs``."""
     def one(pair):
         task, p = pair
-        return grade(task, p["model_patch"], run_id=run_id, timeout=eval_cfg.grade_timeout_s, client=client,
-                     guard=eval_cfg.guard, model=p["model_name_or_path"], log_root=log_root, sandbox=sandbox_cfg,
-                     output_cap_bytes=eval_cfg.grade_output_cap_bytes)
+        return grade(task, p["model_patch"], run_id=run_id, timeout=grading_cfg.timeout_s, client=client,
+                     guard=grading_cfg.guard, model=p["model_name_or_path"], log_root=log_root, sandbox=sandbox_cfg,
+                     output_cap_bytes=grading_cfg.output_cap_bytes)
 
     results: dict[str, GradeResult] = {}
-    with ThreadPoolExecutor(eval_cfg.max_workers) as pool:
+    with ThreadPoolExecutor(workers) as pool:
         futures = [pool.submit(one, pair) for pair in pairs]
         for i, fut in enumerate(as_completed(futures), 1):
             r = fut.result()
@@ -105,7 +106,7 @@ def grade_predictions(cfg, tasks, preds: dict, paths: EvalPaths, run_id: str, cl
     if not todo:
         return grades
     log(f"grading {len(todo)} prediction(s) with swebench (run id {run_id}, {cfg.eval.max_workers} at a time, "
-        f"guard {'on' if cfg.eval.guard else 'off'})")
+        f"guard {'on' if cfg.grading.guard else 'off'})")
     for t in todo:  # a verdict redone (infra before): swebench would skip an instance that has logs
         _clear_logs(paths, run_id, preds[t.instance_id]["model_name_or_path"], t.instance_id)
 
@@ -118,8 +119,8 @@ def grade_predictions(cfg, tasks, preds: dict, paths: EvalPaths, run_id: str, cl
         log(f"[{i}/{n}] {r.instance_id}: {r.status} (official {r.official_status}), hacking attempts "
             f"{r.hacking_attempts}{extra}, {r.seconds:.1f} s{err}")
 
-    grade_all([(t, preds[t.instance_id]) for t in todo], run_id=run_id, client=client, eval_cfg=cfg.eval,
-              sandbox_cfg=cfg.sandbox,
+    grade_all([(t, preds[t.instance_id]) for t in todo], run_id=run_id, client=client, grading_cfg=cfg.grading,
+              workers=cfg.eval.max_workers, sandbox_cfg=cfg.sandbox,
               log_root=paths.logs, on_result=on_result)
     return grades
 
@@ -131,8 +132,8 @@ def gold_preflight(cfg, tasks, paths: EvalPaths, client, log=print) -> None:
     log(f"gold preflight: grading the gold patches of {len(tasks)} task(s) (run id {run_id})")
     t0 = time.monotonic()
     pairs = [(t, {"model_name_or_path": "gold", "model_patch": t.patch}) for t in tasks]
-    results = list(grade_all(pairs, run_id=run_id, client=client, eval_cfg=cfg.eval, sandbox_cfg=cfg.sandbox,
-                             log_root=root).values())
+    results = list(grade_all(pairs, run_id=run_id, client=client, grading_cfg=cfg.grading,
+                             workers=cfg.eval.max_workers, sandbox_cfg=cfg.sandbox, log_root=root).values())
     bad = [r for r in results if r.status != GradeStatus.RESOLVED]
     write_json(paths.dir / "preflight" / "gold.json", {"run_id": run_id, "results": [r.to_dict() for r in results]})
     if bad:

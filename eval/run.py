@@ -105,7 +105,7 @@ def _fingerprint(cfg, run_cfg, policy: Policy) -> dict:
     return {"model_path": policy.model_path, "dataset": cfg.eval.dataset, "split": cfg.eval.split,
             "sampling": {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "max_tokens": s.max_tokens},
             "max_iterations": run_cfg.agent.max_iterations, "context_budget": run_cfg.proxy.context_budget,
-            "guard": cfg.eval.guard}
+            "guard": cfg.grading.guard}
 
 
 def _check_manifest(paths: EvalPaths, manifest: dict) -> None:

@@ -134,20 +134,20 @@ class AgentSettings:
 
     @classmethod
     def from_config(cls, cfg, **overrides) -> AgentSettings:
-        """From a ``harness.config.Config`` (agent.*, sampling.*, proxy.tool_format, engine.timeout_s)."""
+        """From a ``harness.config.HarnessConfig``: agent.*, sampling.*, proxy.tool_format, the proxy's bearer token
+        (proxy.token / $SAO_PROXY_TOKEN) as the api key, engine.timeout_s + 60 as the request timeout (the
+        proxy reports an engine timeout first); ``overrides`` win."""
+        a, s = cfg.agent, cfg.sampling
         kw: dict[str, Any] = dict(
-            max_iterations=cfg.agent.max_iterations, max_nudges=cfg.agent.max_nudges,
-            native_tool_calling=cfg.proxy.tool_format == "native", temperature=cfg.sampling.temperature,
-            top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k, max_tokens=cfg.sampling.max_tokens,
-            request_timeout_s=int(cfg.engine.timeout_s) + 60)  # the proxy reports an engine timeout first
-        token = cfg.proxy.resolved_token()  # the proxy's bearer token (proxy.token / $SAO_PROXY_TOKEN)
+            model=a.model, max_iterations=a.max_iterations, max_nudges=a.max_nudges,
+            stuck_detection=a.stuck_detection, no_change_timeout_s=a.no_change_timeout_s,
+            max_command_s=a.max_command_s, profile=a.profile, native_tool_calling=cfg.proxy.tool_format == "native",
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
+            request_timeout_s=int(cfg.engine.timeout_s) + 60)
+        token = cfg.proxy.resolved_token()
         if token:
             kw["api_key"] = token
-        for key in ("stuck_detection", "no_change_timeout_s", "max_command_s", "model", "profile"):  # optional
-            if hasattr(cfg.agent, key):
-                kw[key] = getattr(cfg.agent, key)
-        kw.update(overrides)
-        return cls(**kw)
+        return cls(**{**kw, **overrides})
 
 
 # ---------------------------------------------------------------------------------------- result

@@ -1,4 +1,6 @@
-"""Config sections of the harness: the model, the engine and its sampling, the proxy, the agent, rollouts."""
+"""Config sections of the harness: the model, the engine and its sampling, the proxy, the agent, rollouts;
+and ``HarnessConfig``, the run config harness code reads (these sections and those of the layers below).
+"""
 from __future__ import annotations
 
 import os
@@ -8,9 +10,12 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
-from sao_harness.core.config import Section
+from sao_harness.core.config import RunConfig, Section
+from sao_harness.envs.config import DockerConfig, SandboxConfig
 from sao_harness.harness.engines.registry import ENGINES, engine_spec
+from sao_harness.harness.testbeds.config import TestbedConfig
 from sao_harness.harness.tiny_model import MODEL_SHAPE, resolve_model_path
+from sao_harness.tasks.config import GradingConfig, TasksConfig
 
 
 class ModelConfig(Section):
@@ -176,6 +181,24 @@ class RolloutConfig(Section):
                                              "'{\"docker\": N}'; {} = on an engine replica's node")
 
 
+class HarnessConfig(Section):
+    """The sections harness code may read: its own and those of the layers below. The run config
+    (``sao.config.Config``) extends it with the sections of the layers above."""
+
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    engine: EngineConfig = EngineConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    proxy: ProxyConfig = ProxyConfig()
+    agent: AgentConfig = AgentConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    docker: DockerConfig = DockerConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    tasks: TasksConfig = TasksConfig()
+    grading: GradingConfig = GradingConfig()
+    testbed: TestbedConfig = TestbedConfig()
+
+
 @dataclass(frozen=True)
 class ContextBudget:
     """The context budget in force (``context_budget(cfg)``)."""
@@ -193,7 +216,7 @@ class ContextBudget:
         return line + ")" + (f"; {self.warning}" if self.warning else "")
 
 
-def context_budget(cfg) -> ContextBudget:
+def context_budget(cfg: HarnessConfig) -> ContextBudget:
     """The effective context budget of ``cfg``: the smaller of ``proxy.context_budget`` and the model's
     maximum length, which is ``engine.max_model_len`` where set, else the ``max_position_embeddings`` of
     the model's config (the tiny model: its recipe; a directory or a Hugging Face id: its config.json,

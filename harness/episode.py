@@ -17,12 +17,14 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from sao_harness.core.slots import node_slot
 from sao_harness.envs.engine import docker_client
 from sao_harness.envs.errors import SandboxError
 from sao_harness.envs.limits import DiskLimitExceeded, PatchTooLarge, PatchUnavailable
 from sao_harness.envs.pull import ensure_image
 from sao_harness.envs.sandbox import Sandbox
 from sao_harness.harness.agent import AgentSettings, run_agent
+from sao_harness.harness.config import HarnessConfig
 from sao_harness.harness.infra import error_kind
 from sao_harness.harness.prompts import instruction_for
 from sao_harness.harness.proxy import UnknownEpisode
@@ -38,7 +40,7 @@ LIMIT_STATUS = {PatchTooLarge: Status.PATCH_TOO_LARGE, PatchUnavailable: Status.
 class EpisodeContext:
     """What every episode of a run shares."""
 
-    cfg: object  # harness.config.Config
+    cfg: HarnessConfig
     proxy: object  # harness.proxy.ProxyServer, started
     run_id: str
     grade: bool = True  # False: leave the reward to the caller (e.g. eval grades in bulk)
@@ -123,11 +125,13 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
         traj.metadata[Status.INFRA_ERROR] = agent_result.error if agent_result else "unknown"
 
     if ctx.grade and traj.status in GRADED:
-        t0 = time.monotonic()
-        result = grade(task, patch, timeout=cfg.eval.grade_timeout_s, guard=cfg.eval.guard,
-                       log_root=cfg.run.dir / "grading", sandbox=cfg.sandbox,
-                       output_cap_bytes=cfg.eval.grade_output_cap_bytes)
-        timings["grade_s"] = time.monotonic() - t0
+        with node_slot("grade", cfg.grading.slots()) as waited:  # gradings at once on this node are bounded
+            timings["grade_wait_s"] = waited
+            t0 = time.monotonic()
+            result = grade(task, patch, timeout=cfg.grading.timeout_s, guard=cfg.grading.guard,
+                           log_root=cfg.run.dir / "grading", sandbox=cfg.sandbox,
+                           output_cap_bytes=cfg.grading.output_cap_bytes)
+            timings["grade_s"] = time.monotonic() - t0
         traj.grading = result.to_dict()
         traj.metadata["hack_kinds"] = list(result.hack_kinds)  # reward-hacking attempts the guard found
         if result.reward is None:  # the grader failed: infrastructure, not a 0

@@ -27,6 +27,7 @@ from sao_harness.core.errors import UserError
 from sao_harness.envs.engine import ensure_engine
 from sao_harness.envs.gc import run_scope
 from sao_harness.harness.capacity import size_process
+from sao_harness.harness.config import HarnessConfig
 from sao_harness.harness.engines import make_engine
 from sao_harness.harness.episode import EpisodeContext
 from sao_harness.harness.infra import kind_of, kinds_line, min_episodes, over_max_infra_frac
@@ -114,12 +115,12 @@ def completed_counts(store: TraceStore) -> Counter:
     return counts
 
 
-def prepare_images(cfg, tasks, log=print) -> None:
+def prepare_images(cfg: HarnessConfig, tasks, log=print) -> None:
     """The task images of ``tasks`` (``cfg.tasks.source``) exist locally: built from a task repo, never pulled."""
     prepare_task_images(cfg, ensure_engine(cfg.docker), cfg.tasks.source, tasks, pull=False, log=log)
 
 
-def start_policy(cfg):
+def start_policy(cfg: HarnessConfig):
     """The engine and the started proxy that serves it on loopback; a chat template that cannot serve
     ``proxy.tool_format`` is a ``UserError`` before the engine starts (``harness.proxy.tool_support``)."""
     from transformers import AutoTokenizer  # lazy: heavy
@@ -135,7 +136,8 @@ def start_policy(cfg):
     return engine, proxy
 
 
-def run_rollout(cfg, *, engine=None, proxy=None, grade: bool = True, on_trajectory=None, log=print) -> RolloutStats:
+def run_rollout(cfg: HarnessConfig, *, engine=None, proxy=None, grade: bool = True, on_trajectory=None,
+                log=print) -> RolloutStats:
     """Run the rollout described by ``cfg``; ``engine``/``proxy`` may be given (tests, scripted policy).
 
     ``grade=False`` leaves rewards unset (``eval`` grades in bulk); ``on_trajectory(traj, shard)`` is

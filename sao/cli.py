@@ -18,6 +18,7 @@ import sys
 from sao_harness.core.config import ConfigError
 from sao_harness.core.errors import UserError
 from sao_harness.harness.config import context_budget
+from sao_harness.harness.runner import env_spec
 from sao_harness.sao.config import config_table, dump_config, load_config
 from sao_harness.trainer.gpu_plan import plan as gpu_plan
 
@@ -136,12 +137,12 @@ def load_args_config(args: argparse.Namespace):
 
 
 def tools_preflight(args) -> None:
-    """Before any episode, image or engine of ``sao rollout``, ``sao train`` (trainer.env=swe) and ``sao eval``
-    (the agent eval): the policy's chat template can serve ``proxy.tool_format``; else a one-line
+    """Before any episode, image or engine of ``sao rollout``, ``sao train`` (an env with ``preflight``: swe) and
+    ``sao eval`` (the agent eval): the policy's chat template can serve ``proxy.tool_format``; else a one-line
     ``UserError`` with the fix (``harness.proxy.tool_support``). Other commands: nothing."""
     cfg, cmd = args.cfg, args.command
     agent_eval = cmd == "eval" and getattr(args, "eval_command", None) is None
-    if not (cmd == "rollout" or (cmd == "train" and cfg.trainer.env == "swe") or agent_eval):
+    if not (cmd == "rollout" or (cmd == "train" and env_spec(cfg.trainer.env).preflight) or agent_eval):
         return
     from sao_harness.harness.proxy.tool_support import require_tool_support  # lazy: transformers
 
@@ -168,7 +169,7 @@ def replay_preflight(args) -> None:
     from sao_harness.harness.engines.routes import engine_routes  # lazy: imports torch for vllm's check
     from sao_harness.harness.tiny_model import resolve_model_path  # lazy: builds the tiny model if asked
 
-    why = engine_routes(cfg, resolve_model_path(cfg.model))
+    why = engine_routes(cfg, resolve_model_path(cfg.model), env_spec(cfg.trainer.env).stand_in_name(cfg))
     if why is not None:
         raise UserError(f"trainer.router_replay=on, but the engine records no routed experts: {why}; use "
                         "trainer.router_replay=auto (replay the traces that carry routes) or off")

@@ -15,35 +15,29 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from sao_harness.core.config import RunConfig, Section, dump_yaml, load_yaml, validate
-from sao_harness.envs.config import DockerConfig, SandboxConfig
+from sao_harness.core.config import Section, dump_yaml, load_yaml, validate
 from sao_harness.eval.config import EvalConfig
-from sao_harness.harness.config import (
-    AgentConfig,
-    EngineConfig,
-    ModelConfig,
-    ProxyConfig,
-    RolloutConfig,
-    SamplingConfig,
-)
-from sao_harness.harness.testbeds.config import SimulatedConfig, TestbedConfig
-from sao_harness.tasks.config import TasksConfig
-from sao_harness.trainer.config import RuntimeConfig, SFTConfig, TrainerConfig, ValuePretrainConfig
+from sao_harness.harness.config import HarnessConfig
+from sao_harness.harness.testbeds.config import SimulatedConfig
+from sao_harness.trainer.config import ClusterConfig, RuntimeConfig, SFTConfig, TrainerConfig, ValuePretrainConfig
 from sao_harness.trainer.gpu_plan import plan as gpu_plan
 from sao_harness.trainer.precision import FLOAT16_UNSUPPORTED
 
 __all__ = ["MOVED_KEYS", "Config", "config_table", "dump_config", "load_config"]
 
-# Keys that moved to another section (issue 28): the old key still loads, for one release, with a
+# Keys that moved to another section: the old key still loads, until the version named beside it, with a
 # FutureWarning naming the new one; set together with the new key to another value, it is an error.
+# {old key: (new key, version that removes the old key)}
 MOVED_KEYS = {
-    **{f"trainer.{k}": f"sampling.{k}" for k in ("temperature", "top_k", "top_p")},
-    **{f"trainer.{k}": f"runtime.{k}" for k in (
+    **{f"trainer.{k}": (f"sampling.{k}", "0.2.0") for k in ("temperature", "top_k", "top_p")},  # issue 28
+    **{f"trainer.{k}": (f"runtime.{k}", "0.2.0") for k in (
         "ray_address", "world_size", "device", "offload_optimizer", "weight_sync", "weight_bucket_mb",
         "weight_sync_host", "keep_checkpoints", "poll_interval_s", "batch_timeout_s", "publish_timeout_s",
         "actor_timeout_s")},
-    **{f"trainer.toy_{k}": f"testbed.toy.{k}" for k in ("turns", "target", "repeat", "stakes")},
-    **{f"trainer.sim_{k}": f"testbed.simulated.{k}" for k in SimulatedConfig.model_fields},  # each was trainer.sim_*
+    **{f"trainer.toy_{k}": (f"testbed.toy.{k}", "0.2.0") for k in ("turns", "target", "repeat", "stakes")},
+    **{f"trainer.sim_{k}": (f"testbed.simulated.{k}", "0.2.0") for k in SimulatedConfig.model_fields},
+    **{f"eval.grade_{k}": (f"grading.{k}", "0.2.0") for k in ("timeout_s", "output_cap_bytes")},  # issue 38
+    "eval.guard": ("grading.guard", "0.2.0"),
 }
 _UNSET = object()
 
@@ -53,7 +47,7 @@ def move_keys(data: dict) -> dict:
 
     An old key beside its new key is an error when the two values differ (one would win silently)."""
     data = copy.deepcopy(data)
-    for old, new in MOVED_KEYS.items():
+    for old, (new, removed_in) in MOVED_KEYS.items():
         old_section, old_key = old.split(".")
         section = data.get(old_section)
         if not isinstance(section, dict) or old_key not in section:
@@ -69,7 +63,8 @@ def move_keys(data: dict) -> dict:
         if present is not _UNSET and present != value:
             raise ValueError(f"{old} ({value!r}) is deprecated and {new} ({present!r}) is set too: keep only {new}")
         node[key] = value
-        warnings.warn(f"{old} is deprecated: use {new}", FutureWarning, stacklevel=2)
+        warnings.warn(f"{old} is deprecated: use {new} ({old} is removed in {removed_in})", FutureWarning,
+                      stacklevel=2)
     return data
 
 
@@ -149,40 +144,17 @@ class PaperConfig(Section):
         description="the claims to run and decide (their arms only)")
 
 
-class ClusterConfig(Section):
-    """The GPU nodes a run is given: `sao config` prints the GPU plan on them and any command refuses a plan
-    that does not fit (trainer.gpu_plan)."""
+class Config(HarnessConfig):
+    """The run config: one section per area (the sections of harness and below from ``HarnessConfig``,
+    then those of the layers above); ``sao config`` prints it."""
 
-    nodes: int = Field(0, ge=0, description="GPU nodes for the trainer ranks and the engine replicas together; 0 = "
-                       "none described (no GPU plan)")
-    gpus_per_node: int = Field(8, gt=0, description="GPUs on each node")
-    gpu_memory_bytes: int = Field(80 * 2**30, gt=0, description="memory of one GPU in bytes (an 80 GB card: "
-                                  "80 GiB); the trainer may use 0.9 of it, the engine gpu_memory_utilization")
-    host_memory_bytes: int | None = Field(None, gt=0, description="host memory of a trainer node in bytes, for "
-                                          "the offloaded optimizer state; null = not checked")
-
-
-class Config(Section):
-    """The run config: one section per area; ``sao config`` prints it."""
-
-    run: RunConfig = RunConfig()
-    model: ModelConfig = ModelConfig()
-    engine: EngineConfig = EngineConfig()
-    sampling: SamplingConfig = SamplingConfig()
-    proxy: ProxyConfig = ProxyConfig()
-    agent: AgentConfig = AgentConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    docker: DockerConfig = DockerConfig()
-    sandbox: SandboxConfig = SandboxConfig()
-    tasks: TasksConfig = TasksConfig()
     trainer: TrainerConfig = TrainerConfig()
     runtime: RuntimeConfig = RuntimeConfig()
-    testbed: TestbedConfig = TestbedConfig()
     value_pretrain: ValuePretrainConfig = ValuePretrainConfig()
     sft: SFTConfig = SFTConfig()
+    cluster: ClusterConfig = ClusterConfig()
     eval: EvalConfig = EvalConfig()
     learn: LearnConfig = LearnConfig()
-    cluster: ClusterConfig = ClusterConfig()
     demo: DemoConfig = DemoConfig()
     paper: PaperConfig = PaperConfig()
 

@@ -1,33 +1,23 @@
-"""lint-imports on the checkout, seen as the installed package: the contracts of pyproject.toml.
+"""lint-imports on a checkout: the contracts of its pyproject.toml, the contracts section of the report.
 
     .venv/bin/python scripts/lint_imports.py [ROOT]
 
-The product's folders (core/, envs/, ...) install as ``sao_harness.<folder>`` (setuptools package-dir),
-which import-linter cannot follow in a checkout: this builds ``<tmp>/sao_harness/`` with a symbolic link
-to each folder, runs ``lint-imports`` there with ROOT's pyproject.toml, and exits with its exit code.
+lint-imports runs in ROOT (its pyproject.toml; its working directory goes first on ``sys.path``), where
+``sao_harness/`` reaches the product's folders through its symbolic links (``sao_harness/core -> ../core``,
+...): the graph is ROOT's own, whatever copy the venv has installed. Exits with lint-imports' exit code.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-
-PACKAGES = ("core", "envs", "tasks", "harness", "trainer", "eval", "sao")
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess:
     """lint-imports' result for the checkout at ``root`` (its stdout and stderr captured)."""
-    with tempfile.TemporaryDirectory(prefix="sao-lint-imports-") as tmp:
-        view = Path(tmp) / "sao_harness"
-        view.mkdir()
-        (view / "__init__.py").write_text((root / "sao_harness" / "__init__.py").read_text())
-        for pkg in PACKAGES:
-            (view / pkg).symlink_to(root / pkg, target_is_directory=True)
-        return subprocess.run([str(Path(sys.executable).with_name("lint-imports")), str(root / "pyproject.toml")],
-                              cwd=tmp, capture_output=True, text=True, timeout=300,
-                              env={"PYTHONPATH": tmp, "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    return subprocess.run([str(Path(sys.executable).with_name("lint-imports"))], cwd=root, capture_output=True,
+                          text=True, timeout=300, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
 
 
 def main() -> int:

@@ -1,7 +1,8 @@
 """Adapters: a row of any public SWE training set -> a swebench 5.x row, gradable where the data allows.
 
 ``adapt(row, name)`` returns ``(row, notes, name)``; ``name="auto"`` picks the adapter from the
-columns (``detect``). What grading needs (``image, eval_script, log_parser, eval_type``) comes from
+columns (``detect``; a row of no known format is ``UnknownFormat``, naming each format's columns:
+``COLUMNS``). What grading needs (``image, eval_script, log_parser, eval_type``) comes from
 each project's own conventions; a note that starts with ``"<field>: "`` says why that field could not
 be made (``Task.grading_gaps`` shows it). Per format (columns as the HF datasets publish them):
 
@@ -34,6 +35,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from sao_harness.core.errors import UserError
 from sao_harness.tasks import specs
 from sao_harness.tasks.evalscript import CONDA, eval_script, test_files
 
@@ -306,8 +308,32 @@ ADAPTERS: dict[str, Callable[[Row], Adapted]] = {
 }
 
 
+# The columns a row of each format needs (what ``detect`` tells them apart by; the ``UnknownFormat`` message).
+COLUMNS: dict[str, str] = {
+    "swebench": "instance_id, repo, base_commit, problem_statement, patch, test_patch, FAIL_TO_PASS, "
+                "PASS_TO_PASS; gradable with image, eval_script, log_parser, eval_type",
+    "swe-gym": "swebench's, without environment_setup_commit, a repo SWE-Gym's harness covers",
+    "swe-smith": "instance_id (owner__repo.commit8.bug), image_name, patch (the bug), FAIL_TO_PASS, PASS_TO_PASS",
+    "r2e-gym": "repo_name, commit_hash, docker_image, parsed_commit_content, execution_result_content, "
+               "expected_output_json; no instance_id",
+    "swe-rebench": "swebench's, with install_config (test_cmd, log_parser) and docker_image",
+    "swe-bench-extra": "swebench's, with environment_setup_commit and meta; no image",
+}
+
+class UnknownFormat(UserError):
+    """A row ``tasks.adapter: auto`` cannot place: the message lists its columns and each format's (``COLUMNS``)."""
+
+    def __init__(self, row: Row):
+        columns = ", ".join(sorted(map(str, row))) or "none"
+        known = " | ".join(f"{name}: {cols}" for name, cols in COLUMNS.items())
+        super().__init__(f"a row of no known dataset format (its columns: {columns}); the formats "
+                         f"tasks.adapter: auto knows, and the columns each needs: {known}")
+
+
 def detect(row: Row) -> str:
-    """The adapter for a row, from its columns (``tasks.adapter=auto``)."""
+    """The adapter for a row, from its columns (``tasks.adapter=auto``); ``UnknownFormat`` when no format's
+    rules match and it has none of SWE-bench's identifying columns (a SWE-bench row missing some is
+    ``swebench``'s, so that ``Task.from_row`` names the missing field)."""
     if "repo_name" in row and ("docker_image" in row or "expected_output_json" in row) and "instance_id" not in row:
         return "r2e-gym"
     if row.get("eval_script"):
@@ -320,6 +346,8 @@ def detect(row: Row) -> str:
         return "swe-bench-extra"
     if "environment_setup_commit" not in row and str(row.get("repo", "")).lower() in specs.SWE_GYM:
         return "swe-gym"
+    if not {"instance_id", "repo", "base_commit", "problem_statement"} & row.keys():
+        raise UnknownFormat(row)
     return "swebench"
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sao_harness.core.errors import UserError
-from sao_harness.envs.images import ensure_base_image
+from sao_harness.envs.images import ensure_base_image, image_exists
 from sao_harness.tasks.loaders import load_tasks_lenient
 
 RECIPE_LABEL = "sao.recipe"
@@ -114,15 +114,11 @@ def build_one(client, task_dir: Path, image: str, base: str, base_id: str, *, fo
 def resolve_base_image(cfg, client, base_image: str | None = None, *, log=print) -> str:
     """The base image to build FROM: the one named, else ``envs.images.ensure_base_image`` (which
     honours ``docker.base_image`` and builds the project's debootstrap image when missing)."""
-    import docker  # lazy: the Docker SDK, only where an engine is used
-
     if base_image is None:
         return ensure_base_image(client, cfg.docker, log=log)
-    try:
-        client.images.get(base_image)
-    except docker.errors.ImageNotFound:
+    if not image_exists(client, base_image):
         raise UserError(f"--base-image {base_image}: not found locally (no registry is used; "
-                        "build or load it first, or omit --base-image for the project's base image)") from None
+                        "build or load it first, or omit --base-image for the project's base image)")
     return base_image
 
 

@@ -22,13 +22,9 @@ from dataclasses import dataclass, field
 from sao_harness.core.errors import UserError
 from sao_harness.envs import images as envs_images
 from sao_harness.envs.engine import docker_client, ensure_engine
+from sao_harness.envs.images import image_exists
 from sao_harness.tasks.diffparse import file_changes
-from sao_harness.tasks.grade import (
-    grade,
-    image_exists,
-    new_run_id,
-    run_swebench,
-)
+from sao_harness.tasks.grade import grade, new_run_id, run_swebench
 from sao_harness.tasks.grade_sandbox import GradeLimits
 from sao_harness.tasks.grade_status import GradeStatus
 from sao_harness.tasks.guard import PYTEST_REF, SHADOW
@@ -297,13 +293,13 @@ def cmd_check(args) -> int:
         build_task_repo(client, repo, base, only=[t.instance_id for t in tasks], log=lambda m: print("  " + m))
     run_base = new_run_id("check")
     log_root = args.cfg.run.dir / "logs" / "run_evaluation"
-    timeout = args.cfg.eval.grade_timeout_s
+    timeout = args.cfg.grading.timeout_s
     n = len(tasks)
     for i, task in enumerate(tasks, 1):
         ts = time.monotonic()
         print(f"[{i}/{n}] {task.instance_id} ...", flush=True)
         c = check_task(task, client, run_id=f"{run_base}.{i}", timeout=timeout, log_root=log_root,
-                       sandbox=args.cfg.sandbox, output_cap_bytes=args.cfg.eval.grade_output_cap_bytes,
+                       sandbox=args.cfg.sandbox, output_cap_bytes=args.cfg.grading.output_cap_bytes,
                        problems=problems.get(task.instance_id, []))
         checks.append(c)
         print(f"[{i}/{n}] {task.instance_id}: {'ok' if c.ok else 'FAILED'} in {time.monotonic() - ts:.1f} s",
@@ -351,19 +347,3 @@ def register(sub, add_config_args):
     q.add_argument("--force", action="store_true", help="rebuild even when the cached image's recipe matches")
     add_config_args(q)
     q.set_defaults(func=cmd_build)
-
-    p = sub.add_parser("images", help="task images on every sandbox node: pull, save")
-    isub = p.add_subparsers(dest="images_command", metavar="SUBCOMMAND", required=True)
-    q = isub.add_parser("pull", help="pull (or build) every selected task's image on each sandbox node")
-    add_config_args(q)
-    q.set_defaults(func=lambda args: _images("cmd_pull", args))
-    q = isub.add_parser("save", help="docker save the selected tasks' images into DIR (a dir: image source)")
-    q.add_argument("--dir", required=True, metavar="DIR", help="directory for the tarballs")
-    add_config_args(q)
-    q.set_defaults(func=lambda args: _images("cmd_save", args))
-
-
-def _images(name: str, args) -> int:
-    from sao_harness.tasks import images  # lazy: keeps `sao --help` fast (docker-py, Ray)
-
-    return getattr(images, name)(args)

@@ -1,6 +1,7 @@
-"""Config section for the task source (``tasks.*``)."""
+"""Config sections of the tasks layer: the task source (``tasks.*``) and grading (``grading.*``)."""
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field
@@ -23,3 +24,23 @@ class TasksConfig(Section):
     skip_ungradable: bool = Field(False, description="rollout/train/eval: go on with the usable tasks when some "
                                   "are not (invalid row, not gradable, image missing); false: stop before the first "
                                   "episode, exit 2")
+
+
+class GradingConfig(Section):
+    """How a patch is graded (tasks.grade): the reward of an episode and the verdict of `sao eval` alike."""
+
+    timeout_s: float = Field(1800.0, gt=0, description="seconds per swebench run (eval script); tests still "
+                             "running past it are the patch's failure (unresolved, 0), a setup still running is "
+                             "an infra failure")
+    output_cap_bytes: int = Field(16_000_000, gt=0, description="test output kept per grading run (official and "
+                                  "clean); past it the run is stopped and the patch is unresolved (hack kind "
+                                  "output_cap), not an infra failure")
+    guard: bool = Field(True, description="strip test-file / test-config changes before grading (reward-hacking "
+                        "guard)")
+    node_slots: int = Field(0, ge=0, description="gradings at once on one node, across its processes "
+                            "(core.slots); an episode past them waits for a slot (timings.grade_wait_s) with its "
+                            "sandbox already gone; 0: two per CPU core of the node")
+
+    def slots(self) -> int:
+        """``node_slots``, or two per CPU core of this node when it is 0."""
+        return self.node_slots or 2 * (os.cpu_count() or 1)

@@ -43,6 +43,7 @@ from typing import Any
 
 from sao_harness.envs.config import DockerConfig, SandboxConfig
 from sao_harness.envs.engine import ensure_engine, pool_size
+from sao_harness.envs.images import image_exists
 from sao_harness.tasks.clean_run import clean_run
 from sao_harness.tasks.diffparse import file_changes
 from sao_harness.tasks.grade_sandbox import GradeLimits, grading_limits, install_swebench_hooks
@@ -159,16 +160,6 @@ def new_run_id(prefix: str = "sao") -> str:
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
-def image_exists(client, image: str) -> bool:
-    import docker  # lazy: docker-py is heavy
-
-    try:
-        client.images.get(image)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-
-
 # --- one swebench run ------------------------------------------------------------------------
 def run_swebench(task, patch: str, *, run_id: str, model: str = "sao", timeout: float = 1800,
                  client=None, log_root: Path | str = DEFAULT_LOG_ROOT, skip_patch: bool = False,
@@ -251,7 +242,7 @@ def grade(task, patch: str, *, run_id: str | None = None, timeout: float = 1800,
           sandbox: SandboxConfig | None = None, output_cap_bytes: int | None = None) -> GradeResult:
     """Official and guarded verdicts of ``patch`` on ``task`` (a ``Task`` or a swebench row dict; see
     module doc). ``run_id`` must be fresh (default: a new one). ``sandbox`` (limits of the grading
-    containers, default ``SandboxConfig()``) and ``output_cap_bytes`` (``eval.grade_output_cap_bytes``)."""
+    containers, default ``SandboxConfig()``) and ``output_cap_bytes`` (``grading.output_cap_bytes``)."""
     t0 = time.monotonic()
     if isinstance(task, dict):
         task = Task.from_row(task)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from sao_harness.envs.config import SandboxConfig, size_bytes
 from sao_harness.envs.limits import hard_disk_cap
 
-DEFAULT_OUTPUT_CAP_BYTES = 16_000_000  # = eval.grade_output_cap_bytes's default
+DEFAULT_OUTPUT_CAP_BYTES = 16_000_000  # = grading.output_cap_bytes's default
 OWNER_LABEL = "sao-harness.owner"
 
 

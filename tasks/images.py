@@ -7,11 +7,10 @@
   ``docker.image_sources`` (``envs.pull``: a registry, a directory of tarballs, another engine), else
   it is a ``UserError``.
 
-``sao images pull`` (``pull_everywhere``): ``prepare_node`` (build a task repo's images, or fetch the
-missing ones, ``docker.pull_concurrency`` at a time, within ``docker.image_cache_bytes``; then the
-scrubbed copy of each image that ``sandbox.scrub_history`` scrubs, ``tasks.scrub``) on this node,
-or, with ``runtime.ray_address``, as one Ray task on each sandbox node (the nodes with
-``rollout.node_resources``; every node when that is empty), each on its own engine.
+``prepare_node(cfg, source, tasks)``, one node's part of ``sao images pull`` (``trainer.images``, which runs
+it here or on every sandbox node of a Ray cluster): build a task repo's images, or fetch the missing ones,
+``docker.pull_concurrency`` at a time, within ``docker.image_cache_bytes``; then the scrubbed copy of each
+image that ``sandbox.scrub_history`` scrubs (``tasks.scrub``).
 ``sao images save --dir D`` writes the selected images as ``docker save`` tarballs for a ``dir:D`` source.
 """
 from __future__ import annotations
@@ -23,9 +22,9 @@ import httpx
 from sao_harness.core.errors import UserError
 from sao_harness.envs.engine import docker_client
 from sao_harness.envs.errors import SandboxError
+from sao_harness.envs.images import image_exists
 from sao_harness.envs.pull import fetch_images, save_images
 from sao_harness.tasks.build import build_task_repo, resolve_base_image
-from sao_harness.tasks.grade import image_exists
 from sao_harness.tasks.loaders import resolve_task_repo, tasks_from_config
 from sao_harness.tasks.scrub import sandbox_image
 
@@ -132,64 +131,11 @@ def scrub_images(cfg, client, tasks, *, progress: bool = True, log=print) -> tup
     return made, failed
 
 
-def sandbox_nodes(need: dict) -> list[dict]:
-    """The alive Ray nodes that hold every resource of ``need`` (all alive nodes when it is empty)."""
-    import ray  # lazy: only a cluster pull needs Ray
-
-    return [n for n in ray.nodes() if n["Alive"] and all(n["Resources"].get(k, 0) >= v for k, v in need.items())]
-
-
-def pull_everywhere(cfg, source: str, tasks, *, log=print) -> list[dict]:
-    """``prepare_node`` here, or with ``runtime.ray_address`` once on every sandbox node (module doc)."""
-    if not cfg.runtime.ray_address:
-        return [prepare_node(cfg, source, tasks, log=log)]
-    import ray  # lazy: only a cluster pull needs Ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # lazy: part of ray
-    from tqdm import tqdm  # lazy: only the command shows a bar
-
-    if not ray.is_initialized():
-        ray.init(address=cfg.runtime.ray_address, log_to_driver=True)
-    nodes = sandbox_nodes(cfg.rollout.node_resources)
-    if not nodes:
-        raise UserError(f"no alive Ray node at {cfg.runtime.ray_address} holds rollout.node_resources "
-                        f"{dict(cfg.rollout.node_resources)}")
-    log(f"images: {len(task_images(tasks))} image(s) on {len(nodes)} sandbox node(s)")
-    task = ray.remote(num_cpus=0, max_retries=0)(prepare_node)
-    refs = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-        cfg, source, tasks, progress=False): n for n in nodes}
-    results = []
-    with tqdm(total=len(refs), unit="node", desc="nodes", disable=None) as bar:
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            node = refs[done[0]]
-            try:
-                results.append({**ray.get(done[0]), "node": f"{node['NodeManagerAddress']} {node['NodeID'][:8]}"})
-            except Exception as e:  # noqa: BLE001  (the node's task died, or its engine did not answer)
-                results.append({"node": f"{node['NodeManagerAddress']} {node['NodeID'][:8]}", "engine": "?",
-                                "images": 0, "present": [], "pulled": {}, "evicted": [], "scrubbed": 0,
-                                "failed": {"*": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"}})
-            bar.update(1)
-    return results
-
-
 def summary_line(r: dict) -> str:
     sources = sorted(set(r["pulled"].values()))
     return (f"node {r['node']} (engine {r['engine']}): {r['images']} image(s): {len(r['present'])} present, "
             f"{len(r['pulled'])} fetched{' from ' + ', '.join(sources) if sources else ''}, {len(r['failed'])} "
             f"failed, {len(r['evicted'])} evicted, {r['scrubbed']} scrubbed")
-
-
-def cmd_pull(args) -> int:
-    """``sao images pull``: exit 0 when every sandbox node has every selected image, else 1."""
-    cfg = args.cfg
-    tasks, _errors = tasks_from_config(cfg)
-    results = pull_everywhere(cfg, cfg.tasks.source, tasks)
-    for r in results:
-        print(summary_line(r))
-        for image, why in r["failed"].items():
-            print(f"  {image}: {why}")
-    return 1 if any(r["failed"] for r in results) else 0
 
 
 def cmd_save(args) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sao_harness.core.errors import UserError
-from sao_harness.tasks.adapters import adapt
+from sao_harness.tasks.adapters import UnknownFormat, adapt
 from sao_harness.tasks.model import Task, TaskError
 
 BUNDLED = Path(str(resources.files(__package__) / "bundled"))  # package data: in the checkout or the wheel
@@ -219,6 +219,8 @@ def load_tasks_lenient(source: str, *, split: str = "test", adapter: str = "auto
         except TaskError as e:
             errors.append(e)
             continue
+        except UnknownFormat as e:  # the source's format, not one row's fault
+            raise UserError(f"{part}: {e}") from None
         if task.instance_id in seen:
             errors.append(TaskError(task.instance_id, "instance_id", "duplicate instance id in the source"))
             continue

@@ -68,7 +68,7 @@ def image_check(cfg, source: str, *, pull: bool = False) -> Callable[[Task], str
         return lambda task: None  # built before the first episode (tasks.images.prepare_task_images)
     # lazy: docker-py and httpx are heavy; only a run that grades needs them
     from sao_harness.envs.engine import ensure_engine
-    from sao_harness.tasks.grade import image_exists
+    from sao_harness.envs.images import image_exists
     from sao_harness.tasks.images import registry_unreachable_reason
 
     client = ensure_engine(cfg.docker)

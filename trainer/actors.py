@@ -1,8 +1,8 @@
 """The Ray actors of `sao train`: the engine (with its proxy), the task feed and the rollout workers.
 
-- `EngineActor`: one engine replica: the inference engine (`hf` on CPU, `vllm` on GPUs, or the
-  simulated `SleepEngine`) and its token-exact proxy on `proxy.host` (127.0.0.1 by default: rollout
-  workers on the same machine; a routable address only with `proxy.token`). Workers talk HTTP to the
+- `EngineActor`: one engine replica: the inference engine (`hf` on CPU, `vllm` on GPUs, or the env's
+  stand-in: `simulated`'s sleep engine) and its token-exact proxy on `proxy.host` (127.0.0.1 by default:
+  rollout workers on the same machine; a routable address only with `proxy.token`). Workers talk HTTP to the
   proxy; `close_episode` and the weight updates (`update_weights`: object store; `join_weight_group`
   + `receive_weights`: a collective, `runtime.weight_sync`) are Ray calls. It meters the engine: busy
   time is wall time with at least one request in flight.
@@ -11,13 +11,13 @@
   per task per pass, each pass shuffled with the run seed. Async mode: the next task of the cycle,
   always (workers never wait). Sync mode: a round of B/G tasks x G rollouts, opened by the trainer
   after it published the new weights; between rounds it hands out nothing (workers idle through the update).
-- `RolloutWorker`: runs episodes one after the other (the episode function of `trainer.env`, from
-  `harness.runner`) and writes every finished attempt, at once, to the trace store, with its replica
+- `RolloutWorker`: runs episodes one after the other (the episode function of `trainer.env`'s spec,
+  `harness.runner.ENVS`) and writes every finished attempt, at once, to the trace store, with its replica
   in the metadata. An infra error is stored (never as a reward) and retried up to
   `rollout.max_retries` times (`run_with_retries`), each retry routed anew (its replica may be gone).
 
 The actors get the whole run config: the engine and the proxy (harness.engines, harness.proxy) and the
-episode functions (`harness.runner.EPISODES`: swe, and the test-beds of harness.testbeds) read it.
+episode functions (`harness.runner.ENVS`: swe, and the test-beds of harness.testbeds) read it.
 
 Every Ray call made here has a timeout (`runtime.actor_timeout_s`).
 """
@@ -35,10 +35,9 @@ import ray
 
 from sao_harness.core.errors import UserError
 from sao_harness.harness.engines import make_engine
-from sao_harness.harness.engines.sleep import SleepEngine
 from sao_harness.harness.episode import EpisodeContext
 from sao_harness.harness.proxy import ProxyServer, UnknownEpisode
-from sao_harness.harness.runner import episode_function, run_with_retries
+from sao_harness.harness.runner import env_spec, run_with_retries
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import INFRA_ERRORS, Status, Trajectory
 from sao_harness.trainer import weight_sync
@@ -92,13 +91,8 @@ class EngineActor:
     def __init__(self, cfg, version: int = 0):
         from transformers import AutoTokenizer  # lazy: heavy
 
-        sim = cfg.testbed.simulated
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-        if cfg.trainer.env == "simulated" and sim.engine_s is not None:
-            engine = SleepEngine(sim.engine_s, len(tokenizer), tokenizer.eos_token_id, seed=cfg.run.seed,
-                                 timeout_s=cfg.engine.timeout_s)
-        else:
-            engine = make_engine(cfg)
+        engine = env_spec(cfg.trainer.env).make_stand_in(cfg, tokenizer) or make_engine(cfg)
         if cfg.trainer.router_replay == "on" and not getattr(engine, "returns_routes", False):
             engine.close()
             raise UserError(f"trainer.router_replay=on: the {engine.kind} engine returns no routed experts for "
@@ -294,6 +288,10 @@ class TaskFeed:
             self.queue.insert(0, {**{k: item[k] for k in ("task", "round", "group")}, "deaths": deaths})
         return {**item, "deaths": deaths, "requeued": requeued}
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the feed: its position in the cycle (resumed: `position=`)."""
+        return {"feed_position": self.position}
+
     def state(self) -> dict:
         return {"position": self.position, "handed": self.handed, "queued": len(self.queue),
                 "inflight": len(self.inflight), "load": self.load()}
@@ -367,7 +365,7 @@ class RolloutWorker:
     def run(self) -> dict:
         cfg = self.cfg
         timeout = cfg.runtime.actor_timeout_s
-        episode_fn = episode_function(cfg.trainer.env)
+        episode_fn = env_spec(cfg.trainer.env).episode_fn()
         ctx = EpisodeContext(cfg=cfg, proxy=self.proxy, run_id=self.run_id, grade=True)
         store = TraceStore(cfg.run.dir)
         while not self._stop.is_set():

@@ -1,10 +1,10 @@
-"""`sao train`, `sao value-pretrain`, `sao sft`, `sao runs plot RUN` (heavy imports happen in the handlers)."""
+"""`sao train`, `sao value-pretrain`, `sao sft`, `sao runs plot RUN`, `sao images pull|save` (heavy imports
+happen in the handlers)."""
 from __future__ import annotations
 
 import sys
 
-from sao_harness.tasks.loaders import tasks_from_config
-from sao_harness.tasks.preflight import preflight
+from sao_harness.harness.runner import load_tasks
 
 
 def register(sub, add_config_args):
@@ -34,16 +34,42 @@ def register(sub, add_config_args):
     compare.add_argument("--out", metavar="DIR", default=".", help="write compare.png and compare.html here")
     compare.set_defaults(func=cmd_runs_compare)
 
+    p = sub.add_parser("images", help="task images on every sandbox node: pull, save")
+    isub = p.add_subparsers(dest="images_command", metavar="SUBCOMMAND", required=True)
+    q = isub.add_parser("pull", help="pull (or build) every selected task's image on each sandbox node")
+    add_config_args(q)
+    q.set_defaults(func=cmd_images_pull)
+    q = isub.add_parser("save", help="docker save the selected tasks' images into DIR (a dir: image source)")
+    q.add_argument("--dir", required=True, metavar="DIR", help="directory for the tarballs")
+    add_config_args(q)
+    q.set_defaults(func=cmd_images_save)
+
+
+def cmd_images_pull(args) -> int:
+    from sao_harness.trainer.images import cmd_pull  # lazy: keeps `sao --help` fast (docker-py, Ray)
+
+    return cmd_pull(args)
+
+
+def cmd_images_save(args) -> int:
+    from sao_harness.tasks.images import cmd_save  # lazy: keeps `sao --help` fast (docker-py)
+
+    return cmd_save(args)
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
 
 def cmd_train(args) -> int:
-    if args.cfg.trainer.env == "swe":  # before torch loads and the first episode: usable tasks only
-        args.cfg.tasks.instances = [t.instance_id for t in preflight(args.cfg, *tasks_from_config(args.cfg))]
+    # once, before torch loads and the first episode (swe: pre-flighted)
+    tasks = load_tasks(args.cfg, args.cfg.trainer.env, log=_log)
     # lazy: keep `sao --help` fast (torch)
     from sao_harness.trainer.loop import train
     from sao_harness.trainer.ray_utils import LoopError
 
     try:
-        train(args.cfg, log=lambda msg: print(msg, flush=True))
+        train(args.cfg, tasks, log=_log)
     except LoopError as e:
         print(f"sao train: error: {e}", file=sys.stderr)
         return 1

@@ -1,5 +1,5 @@
 """Config sections of the trainer: `trainer` (the algorithm, docs/algorithm.md), `runtime` (where and how
-`sao train` runs it), `value_pretrain`, `sft`.
+`sao train` runs it), `value_pretrain`, `sft`, `cluster` (the GPU nodes of the GPU plan).
 
 Defaults follow docs/algorithm.md; the tag says where a default comes from ([paper] or [choice]).
 The sampling distribution the trainer recomputes logprobs under is the rollout's, `sampling.*`.
@@ -126,7 +126,7 @@ class TrainerConfig(Section):
                                                 "this (null = off; gradient_checkpointing=true: always on)")
 
     # the loop (sao train)
-    env: str = Field("swe", description="the episode function (harness.runner.EPISODES): swe = OpenHands episodes "
+    env: str = Field("swe", description="the episode function (harness.runner.ENVS): swe = OpenHands episodes "
                      "in Docker; the test-beds (harness.testbeds): simulated = real generations and sleeps (tests, "
                      "bench; testbed.simulated.*), toy = the learning test-bed (testbed.toy.*), chain = the "
                      "long-horizon test-bed (testbed.chain.*)")
@@ -257,3 +257,16 @@ class SFTConfig(Section):
                                          "sequences)")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu, or cuda (the visible GPU; bf16 mixed "
                                            "precision where supported)")
+
+
+class ClusterConfig(Section):
+    """The GPU nodes a run is given: `sao config` prints the GPU plan on them and any command refuses a plan
+    that does not fit (trainer.gpu_plan)."""
+
+    nodes: int = Field(0, ge=0, description="GPU nodes for the trainer ranks and the engine replicas together; 0 = "
+                       "none described (no GPU plan)")
+    gpus_per_node: int = Field(8, gt=0, description="GPUs on each node")
+    gpu_memory_bytes: int = Field(80 * 2**30, gt=0, description="memory of one GPU in bytes (an 80 GB card: "
+                                  "80 GiB); the trainer may use 0.9 of it, the engine gpu_memory_utilization")
+    host_memory_bytes: int | None = Field(None, gt=0, description="host memory of a trainer node in bytes, for "
+                                          "the offloaded optimizer state; null = not checked")

@@ -32,7 +32,13 @@
   are never more than one version apart and the staleness bound holds across them.
 - `runtime.world_size > 1`: the update, publish and checkpoint run on that many FSDP2 rank actors
   (trainer.ranks, trainer.distributed) instead of in this process; rank 0 answers.
-- Config: `train(cfg)` is the CLI's entry and takes the whole run config; below it a function takes
+- The run is a `TrainRun`: `start` (lock, resolve, start), `step`, `close` (everything started, in reverse:
+  one `ExitStack`). A checkpoint is the states of its parts (`state_dict`: the trainer's counters, the
+  queue's consumed ids, the counters, the feed's position; weights and optimizers: trainer.checkpoint).
+- The env is a spec (`harness.runner.ENVS`): what it prepares before the first episode (swe: images),
+  the scope a run lives in (swe: its sandboxes removed), a stand-in engine (simulated: the sleep engine).
+- Config: `train(cfg, tasks)` is the CLI's entry and takes the whole run config and the tasks `sao train`
+  loaded and pre-flighted (`harness.runner.load_tasks`); below it a function takes
   the sections it reads (`trainer`, `runtime`, `sampling`, ...). The whole config goes on only to the
   Ray actors that run harness code: the engine replicas (engine + proxy) and the rollout workers
   (the episode functions of harness.runner read it).
@@ -40,7 +46,7 @@
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 import secrets
 import time
 import uuid
@@ -51,16 +57,13 @@ import torch
 
 from sao_harness.core.errors import UserError
 from sao_harness.core.runlock import lock_file
-from sao_harness.envs.gc import run_scope
 from sao_harness.harness.config import SamplingConfig
 from sao_harness.harness.infra import kinds_line
 from sao_harness.harness.proxy import check_loopback
-from sao_harness.harness.rollout import prepare_images
-from sao_harness.harness.runner import episode_function
+from sao_harness.harness.runner import env_spec, load_tasks
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.tiny_model import resolve_model_path
 from sao_harness.harness.trace import INFRA_ERRORS
-from sao_harness.tasks.loaders import tasks_from_config
 from sao_harness.trainer.actors import TaskFeed
 from sao_harness.trainer.checkpoint import (
     clean_partial,
@@ -110,17 +113,13 @@ def build_trainer(tc: TrainerConfig, sampling: SamplingConfig, device: str, mode
                 checkpoint_layers(model, tc.checkpoint_above_tokens)
     trainer = SAOTrainer(policy, critic, tc, sampling=sampling, device=device)
     if ckpt:
-        state = read_state(ckpt)
         restore_optimizers(ckpt, trainer)
-        trainer.policy_version = state["policy_version"]
-        trainer.updates = state["updates"]
-        trainer.critic_optimizer_steps = state["critic_optimizer_steps"]
-        trainer.policy_optimizer_steps = state["policy_optimizer_steps"]
+        trainer.load_state_dict(read_state(ckpt))
     return policy, critic, trainer, tokenizer
 
 
 def _check(tc: TrainerConfig, rt: RuntimeConfig) -> None:
-    episode_function(tc.env)  # a UserError for an env nothing registered
+    env_spec(tc.env)  # a UserError for an env nothing registered
     if tc.mode == "sync" and tc.batch_size % tc.group_size:
         raise UserError(f"trainer.mode=sync: trainer.batch_size ({tc.batch_size}) must be a multiple of "
                         f"trainer.group_size ({tc.group_size}): a batch holds whole groups")
@@ -147,41 +146,6 @@ def _resolved(cfg):
     except UserError:
         cfg.proxy.token = secrets.token_urlsafe(32)
     return cfg
-
-
-def _runnable_tasks(cfg, log) -> list:
-    """The tasks of `tasks.source` that validate (for swe: with an image, built or present)."""
-    tasks, errors = tasks_from_config(cfg)
-    for e in errors:
-        log(f"skipping a task that does not validate: {e}")
-    if cfg.trainer.env == "swe":
-        tasks = [t for t in tasks if t.image]
-    if not tasks:
-        raise UserError(f"no runnable tasks from tasks.source={cfg.tasks.source!r}")
-    if cfg.trainer.env == "swe":
-        prepare_images(cfg, tasks, log=log)
-    return tasks
-
-
-def _start_actors(cfg, ckpt: Path | None, trainer, policy, tasks: list, session: str, feed_position: int,
-                  counters: Counters, log):
-    """The task feed and the engine replicas (serving the checkpoint's weights when resuming)."""
-    tc, rt = cfg.trainer, cfg.runtime
-    engine_cfg = cfg
-    if ckpt:
-        engine_cfg = cfg.model_copy(deep=True)
-        engine_cfg.model.path = str(ckpt / "policy")
-    feed = TaskFeed.remote(tasks, cfg.run.seed, tc.mode, tc.group_size, tc.batch_size // tc.group_size, session,
-                           feed_position)
-    weights = lambda: (trainer.policy_version, publish_weights(trainer, policy, cfg.model.dtype))
-    engines = EngineReplicas(engine_cfg, feed, make_weight_sync(rt, cfg.engine.kind, log), session=session,
-                             counters=counters, log=log, weights=weights)
-    engines.start(trainer.policy_version)
-    simulated_engine = tc.env == "simulated" and cfg.testbed.simulated.engine_s is not None
-    urls = ", ".join(f"{name} {info['url']}" for name, info in engines.infos.items())
-    log(f"engine: {'sleep (simulated)' if simulated_engine else cfg.engine.kind} x {len(engines.infos)} "
-        f"({urls}), policy version {trainer.policy_version}, weight sync {engines.sync.name}")
-    return engines, feed
 
 
 def _frac_idle(busy_s: float, span_s: float) -> float:
@@ -214,11 +178,12 @@ def _loop_metrics(entries: list[Entry], queue: TraceQueue, counters: Counters, t
     }
 
 
-# --- the loop -------------------------------------------------------------------------------------
+# --- the run --------------------------------------------------------------------------------------
 
 
-def train(cfg, *, update_fn=None, log=print) -> dict:
-    """Run `sao train` for `cfg` (see the module doc); return a summary of the run.
+def train(cfg, tasks: list | None = None, *, update_fn=None, log=print) -> dict:
+    """Run `sao train` for `cfg` on `tasks` (None: `harness.runner.load_tasks(cfg, cfg.trainer.env)`; see the
+    module doc); return a summary of the run.
 
     `update_fn(trainer, trajectories) -> metrics` replaces `SAOTrainer.update` (the benchmark's
     fixed-duration update); it must advance `trainer.policy_version` when it changes the policy.
@@ -226,156 +191,219 @@ def train(cfg, *, update_fn=None, log=print) -> dict:
     from transformers.utils import logging as hf_logging  # lazy: heavy
 
     hf_logging.disable_progress_bar()
-    _check(cfg.trainer, cfg.runtime)
-    cfg = _resolved(cfg)
-    run_dir = cfg.run.dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = lock_file(run_dir / ".train.lock", f"{run_dir} is in use by another `sao train`")
-    try:
-        return _train(cfg, update_fn or (lambda t, trajs: t.update(trajs)), log)
-    finally:
-        lock.close()
+    with TrainRun(cfg, tasks, update_fn=update_fn, log=log) as run:
+        while not run.done:
+            run.step()
+        return run.finish()
 
 
-def _train(cfg, update_fn, log) -> dict:
-    tc, rt, run_dir = cfg.trainer, cfg.runtime, cfg.run.dir
-    store = TraceStore(run_dir)
-    store.clean_partial()
-    clean_partial(run_dir)
+class TrainRun:
+    """One `sao train`: `start()` resolves the run (fresh, or the latest checkpoint's) and starts its parts,
+    `step()` trains one step, `finish()` reports, `close()` stops every part started, the last first (one
+    `ExitStack`). A checkpoint is the states of the parts (`state_dict`): trainer, queue, counters, feed."""
 
-    # 1. resolve: a fresh trainer, or the latest checkpoint's
-    ckpt = latest_checkpoint(run_dir)
-    state = read_state(ckpt) if ckpt else {}
-    step = state.get("step", 0)
-    if step >= tc.max_steps:
-        log(f"sao train: {run_dir} is at step {step} of trainer.max_steps={tc.max_steps}: nothing to do "
-            f"(raise trainer.max_steps to continue)")
-        return {"steps": step, "checkpoint": str(ckpt), "resumed": True, "nothing_to_do": True}
-    torch.manual_seed(cfg.run.seed)
-    policy = critic = trainer = tokenizer = None  # world_size > 1: the ranks (trainer.ranks) start with Ray
-    if rt.world_size == 1:
-        policy, critic, trainer, tokenizer = build_trainer(tc, cfg.sampling, rt.device, cfg.model.path,
-                                                           cfg.model.dtype, ckpt)
-    if ckpt:
-        restore_rng(ckpt)
-        log(f"sao train: resuming {run_dir} from {ckpt.name} (step {step}, policy version {state['policy_version']}, "
-            f"{len(state['consumed'])} trajectories consumed)")
-    else:
-        log(f"sao train: new run in {run_dir} ({tc.mode}, env={tc.env}, batch {tc.batch_size}, {tc.max_steps} steps)")
-    counters = Counters(**state.get("counters", {}))
-    queue = TraceQueue(store, state.get("consumed", []))
-    tasks = _runnable_tasks(cfg, log)
+    def __init__(self, cfg, tasks: list | None = None, *, update_fn=None, log=print):
+        _check(cfg.trainer, cfg.runtime)
+        self.env = env_spec(cfg.trainer.env)
+        self.cfg, self.tasks, self.log = cfg, tasks, log
+        self.update_fn = update_fn or (lambda t, trajs: t.update(trajs))
+        self.stack = contextlib.ExitStack()
+        self.step_no, self.stopped, self.summary = 0, False, {}
+        self.pool = None  # started: the run has steps to take
 
-    # 2. start: Ray, the engine, the task feed, the rollout workers
-    session = uuid.uuid4().hex[:8]
-    run_id = f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{session}"
-    summary: dict = {"run_dir": str(run_dir), "resumed": ckpt is not None, "start_step": step, "session": session,
-                     "update_intervals": [], "steps": step}
-    engines = feed = pool = scope = metrics_log = None
-    timeout = rt.actor_timeout_s
-    started_ray = start_ray(rt.ray_address, log)
-    try:
-        if trainer is None:
-            trainer = Ranks(tc, rt, cfg.sampling, cfg.model.path, cfg.model.dtype, cfg.run.seed, ckpt, log)
-            tokenizer = trainer.tokenizer
-        save = (trainer.save_checkpoint if isinstance(trainer, Ranks)
-                else functools.partial(save_checkpoint, policy=policy, critic=critic, trainer=trainer))
-        if tc.env == "swe":
-            scope = run_scope(run_id)  # the run's sandboxes go away however this ends
-            scope.__enter__()
-        metrics_log = MetricsLogger(run_dir)
-        engines, feed = _start_actors(cfg, ckpt, trainer, policy, tasks, session, state.get("feed_position", 0),
-                                      counters, log)
-        round_id = f"{session}:{step}"
+    def __enter__(self) -> TrainRun:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.stack.close()
+
+    @property
+    def done(self) -> bool:
+        return self.pool is None or self.stopped or self.step_no >= self.cfg.trainer.max_steps
+
+    # --- start ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Lock the run directory, resolve the trainer; start Ray, the env's scope, engines, feed and workers."""
+        self.cfg = cfg = _resolved(self.cfg)
+        tc, rt, run_dir, log = cfg.trainer, cfg.runtime, cfg.run.dir, self.log
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.stack.callback(lock_file(run_dir / ".train.lock", f"{run_dir} is in use by another `sao train`").close)
+        self.store = TraceStore(run_dir)
+        self.store.clean_partial()
+        clean_partial(run_dir)
+        self.ckpt = ckpt = latest_checkpoint(run_dir)
+        state = read_state(ckpt) if ckpt else {}
+        self.step_no = state.get("step", 0)
+        if self.step_no >= tc.max_steps:
+            log(f"sao train: {run_dir} is at step {self.step_no} of trainer.max_steps={tc.max_steps}: nothing to do "
+                f"(raise trainer.max_steps to continue)")
+            self.summary = {"steps": self.step_no, "checkpoint": str(ckpt), "resumed": True, "nothing_to_do": True}
+            return
+        self._resolve(state)
+        self.session = uuid.uuid4().hex[:8]
+        self.summary = {"run_dir": str(run_dir), "resumed": ckpt is not None, "start_step": self.step_no,
+                        "session": self.session, "update_intervals": [], "steps": self.step_no}
+        if start_ray(rt.ray_address, log):
+            self.stack.callback(ray.shutdown)
+        if self.trainer is None:
+            self.trainer = Ranks(tc, rt, cfg.sampling, cfg.model.path, cfg.model.dtype, cfg.run.seed, ckpt, log)
+            self.tokenizer = self.trainer.tokenizer
+            self.stack.callback(self.trainer.close)
+        run_id = f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{self.session}"
+        self.stack.enter_context(self.env.run_scope(run_id))  # swe: the run's sandboxes go away however this ends
+        self.metrics_log = MetricsLogger(run_dir)
+        self.stack.callback(self.metrics_log.close)
+        self._start_actors(state.get("feed_position", 0), run_id)
+
+    def _resolve(self, state: dict) -> None:
+        """The trainer (world_size 1: here; else the ranks start with Ray), the queue, the counters, the tasks."""
+        cfg, ckpt, log = self.cfg, self.ckpt, self.log
+        tc, rt = cfg.trainer, cfg.runtime
+        torch.manual_seed(cfg.run.seed)
+        self.policy = self.critic = self.trainer = self.tokenizer = None
+        if rt.world_size == 1:
+            self.policy, self.critic, self.trainer, self.tokenizer = build_trainer(
+                tc, cfg.sampling, rt.device, cfg.model.path, cfg.model.dtype, ckpt)
+        if ckpt:
+            restore_rng(ckpt)
+            log(f"sao train: resuming {cfg.run.dir} from {ckpt.name} (step {self.step_no}, policy version "
+                f"{state['policy_version']}, {len(state['consumed'])} trajectories consumed)")
+        else:
+            log(f"sao train: new run in {cfg.run.dir} ({tc.mode}, env={tc.env}, batch {tc.batch_size}, "
+                f"{tc.max_steps} steps)")
+        self.counters = Counters(**state.get("counters", {}))
+        self.queue = TraceQueue(self.store, state.get("consumed", []))
+        tasks = self.tasks if self.tasks is not None else load_tasks(cfg, cfg.trainer.env, log=log)
+        self.tasks = self.env.prepared(cfg, tasks, log=log)  # swe: the images, built or present
+
+    def _start_actors(self, feed_position: int, run_id: str) -> None:
+        """The task feed, the engine replicas (serving the checkpoint's weights when resuming), the first
+        round (sync) and the rollout workers."""
+        cfg, log, timeout = self.cfg, self.log, self.cfg.runtime.actor_timeout_s
+        tc = cfg.trainer
+        self.feed = TaskFeed.remote(self.tasks, cfg.run.seed, tc.mode, tc.group_size, tc.batch_size // tc.group_size,
+                                    self.session, feed_position)
+        self.stack.callback(ray.kill, self.feed)
+        engine_cfg = cfg
+        if self.ckpt:
+            engine_cfg = cfg.model_copy(deep=True)
+            engine_cfg.model.path = str(self.ckpt / "policy")
+        self.engines = EngineReplicas(engine_cfg, self.feed, make_weight_sync(cfg.runtime, cfg.engine.kind, log),
+                                      session=self.session, counters=self.counters, log=log, weights=self._weights)
+        self.stack.callback(self.engines.stop)
+        self.engines.start(self.trainer.policy_version)
+        urls = ", ".join(f"{name} {info['url']}" for name, info in self.engines.infos.items())
+        log(f"engine: {self.env.stand_in_name(cfg) or cfg.engine.kind} x {len(self.engines.infos)} ({urls}), "
+            f"policy version {self.trainer.policy_version}, weight sync {self.engines.sync.name}")
+        self.round_id = f"{self.session}:{self.step_no}"
         if tc.mode == "sync":
-            get(feed.open_round.remote(round_id), timeout, "opening the first round")
-        pool = WorkerPool(cfg, engines, feed, session=session, run_id=run_id, counters=counters, log=log)
+            get(self.feed.open_round.remote(self.round_id), timeout, "opening the first round")
+        pool = WorkerPool(cfg, self.engines, self.feed, session=self.session, run_id=run_id, counters=self.counters,
+                          log=log)
+        self.stack.callback(pool.stop)  # the workers go first: episodes in flight are abandoned, never stored
         pool.start(cfg.rollout.workers)
-        log(f"rollout: {cfg.rollout.workers} worker(s) over {len(tasks)} task(s), traces -> {store.dir}")
+        log(f"rollout: {cfg.rollout.workers} worker(s) over {len(self.tasks)} task(s), traces -> {self.store.dir}")
+        self.t_loop = self.t_prev = time.monotonic()
+        self.eng0 = self.eng_prev = self.engines.stats()
+        self.wait_total, self.trained = 0.0, 0
+        self.pool = pool
 
-        # 3. the loop: batch, update, publish, (sync: next round), metrics, checkpoint, log
-        t_loop = time.monotonic()
-        eng0 = eng_prev = engines.stats()
-        t_prev, wait_total, trained_here = t_loop, 0.0, 0
+    def _weights(self) -> tuple[int, dict]:
+        """(policy version, the weights to publish): a step's publish, a replacement replica's first weights."""
+        return self.trainer.policy_version, publish_weights(self.trainer, self.policy, self.cfg.model.dtype)
+
+    # --- step ---------------------------------------------------------------------------------------
+
+    def step(self) -> dict[str, float]:
+        """One step: a batch, the update, the publish, (sync) the next round, metrics, a checkpoint when due."""
+        tc, trainer, queue = self.cfg.trainer, self.trainer, self.queue
+        self.counters.step_counts = {}
+        t0 = time.monotonic()
+        entries = self.pool.next_batch(queue, trainer.policy_version, self.round_id)
+        t1, wall_t1 = time.monotonic(), time.time()
+        trajectories = queue.load(entries)
+        version_before = trainer.policy_version
+        metrics = self.update_fn(trainer, trajectories)
+        t2 = time.monotonic()
+        if trainer.policy_version != version_before:  # to every replica; episodes keep running
+            self.engines.publish(*self._weights())
+        t3 = time.monotonic()
+        self.step_no += 1
+        self.summary["update_intervals"].append((wall_t1, time.time()))  # from batch taken to weights published
+        if tc.mode == "sync":  # the barrier opens: the next round runs on the new weights
+            self.round_id = f"{self.session}:{self.step_no}"
+            if self.step_no < tc.max_steps:
+                get(self.feed.open_round.remote(self.round_id), self.cfg.runtime.actor_timeout_s,
+                    "opening the next round")
+        trained = sum(not t.breaks for t in trajectories)  # one with breaks: consumed, skipped (trainer.sao)
+        self.counters.trained += trained
+        self.trained += trained
+
+        eng = self.engines.stats()
+        now = time.monotonic()
+        self.wait_total += t1 - t0
+        metrics.update(_loop_metrics(entries, queue, self.counters, trainer, version_before, eng, self.eng_prev))
+        metrics.update({"perf/trainer_idle_frac": (t1 - t0) / max(now - self.t_prev, 1e-9),
+                        "perf/trajectories_per_hour": self.trained / max(now - self.t_loop, 1e-9) * 3600,
+                        "time/wait_s": t1 - t0, "time/update_s": t2 - t1, "time/publish_s": t3 - t2,
+                        "time/step_s": now - self.t_prev})
+        t4 = time.monotonic()
         budget_s = tc.max_minutes * 60 if tc.max_minutes else float("inf")
-        while step < tc.max_steps:
-            counters.step_counts = {}
-            t0 = time.monotonic()
-            entries = pool.next_batch(queue, trainer.policy_version, round_id)
-            t1, wall_t1 = time.monotonic(), time.time()
-            trajectories = queue.load(entries)
-            version_before = trainer.policy_version
-            metrics = update_fn(trainer, trajectories)
-            t2 = time.monotonic()
-            if trainer.policy_version != version_before:  # to every replica; episodes keep running
-                engines.publish(trainer.policy_version, publish_weights(trainer, policy, cfg.model.dtype))
-            t3 = time.monotonic()
-            step += 1
-            summary["update_intervals"].append((wall_t1, time.time()))  # from batch taken to weights published
-            if tc.mode == "sync":  # the barrier opens: the next round runs on the new weights
-                round_id = f"{session}:{step}"
-                if step < tc.max_steps:
-                    get(feed.open_round.remote(round_id), timeout, "opening the next round")
-            trained = sum(not t.breaks for t in trajectories)  # one with breaks: consumed, skipped (trainer.sao)
-            counters.trained += trained
-            trained_here += trained
+        out_of_time = time.monotonic() - self.t_loop >= budget_s  # checked once: the step it is true is saved
+        if self.step_no % tc.save_every == 0 or self.step_no == tc.max_steps or out_of_time:
+            self.summary["checkpoint"] = str(self.save())
+            metrics["time/checkpoint_s"] = time.monotonic() - t4
+        self.metrics_log.log(self.step_no, metrics)
+        self.log(progress_line(self.step_no, metrics)
+                 + (f" | saved {Path(self.summary['checkpoint']).name}" if "time/checkpoint_s" in metrics else ""))
+        self.eng_prev, self.t_prev = eng, now
+        self.summary["steps"] = self.step_no
+        if out_of_time:
+            self.log(f"sao train: trainer.max_minutes={tc.max_minutes:g} reached at step {self.step_no}; stopping")
+            self.stopped = True
+        return metrics
 
-            eng = engines.stats()
-            now = time.monotonic()
-            wait_total += t1 - t0
-            metrics.update(_loop_metrics(entries, queue, counters, trainer, version_before, eng, eng_prev))
-            metrics.update({"perf/trainer_idle_frac": (t1 - t0) / max(now - t_prev, 1e-9),
-                            "perf/trajectories_per_hour": trained_here / max(now - t_loop, 1e-9) * 3600,
-                            "time/wait_s": t1 - t0, "time/update_s": t2 - t1, "time/publish_s": t3 - t2,
-                            "time/step_s": now - t_prev})
-            t4 = time.monotonic()
-            out_of_time = time.monotonic() - t_loop >= budget_s  # checked once: the step it is true is saved
-            if step % tc.save_every == 0 or step == tc.max_steps or out_of_time:
-                feed_state = get(feed.state.remote(), timeout, "task feed state")
-                path = save(run_dir, step, tokenizer=tokenizer, keep=rt.keep_checkpoints, state={
-                                           "policy_version": trainer.policy_version, "updates": trainer.updates,
-                                           "critic_optimizer_steps": trainer.critic_optimizer_steps,
-                                           "policy_optimizer_steps": trainer.policy_optimizer_steps,
-                                           "consumed": queue.consumed, "counters": counters.saved(),
-                                           "feed_position": feed_state["position"], "mode": tc.mode,
-                                           "session": session, "time": time.time()})
-                metrics["time/checkpoint_s"] = time.monotonic() - t4
-                summary["checkpoint"] = str(path)
-            metrics_log.log(step, metrics)
-            log(progress_line(step, metrics)
-                + (f" | saved {Path(summary['checkpoint']).name}" if "time/checkpoint_s" in metrics else ""))
-            eng_prev, t_prev = eng, now
-            summary["steps"] = step
-            if out_of_time:
-                log(f"sao train: trainer.max_minutes={tc.max_minutes:g} reached at step {step}; stopping")
-                break
+    def state_dict(self) -> dict:
+        """The run's state.json: the states of its parts (trainer, queue, counters, feed) and the session."""
+        feed = get(self.feed.state_dict.remote(), self.cfg.runtime.actor_timeout_s, "task feed state")
+        return {**self.trainer.state_dict(), **self.queue.state_dict(), "counters": self.counters.state_dict(),
+                **feed, "mode": self.cfg.trainer.mode, "session": self.session, "time": time.time()}
 
-        pool.check()  # a death during the last step is reported too
-        wall = time.monotonic() - t_loop
+    def save(self) -> Path:
+        """Checkpoint this step (trainer.checkpoint; the ranks write the sharded format); its directory."""
+        run_dir, keep, state = self.cfg.run.dir, self.cfg.runtime.keep_checkpoints, self.state_dict()
+        if isinstance(self.trainer, Ranks):
+            return self.trainer.save_checkpoint(run_dir, self.step_no, tokenizer=self.tokenizer, state=state, keep=keep)
+        return save_checkpoint(run_dir, self.step_no, policy=self.policy, critic=self.critic, trainer=self.trainer,
+                               tokenizer=self.tokenizer, keep=keep, state=state)
+
+    # --- finish -------------------------------------------------------------------------------------
+
+    def finish(self) -> dict:
+        """The run's summary (and its last line in the log); a death during the last step is reported too."""
+        if self.pool is None:  # nothing to do
+            return self.summary
+        self.pool.check()
+        counters, summary, wall = self.counters, self.summary, time.monotonic() - self.t_loop
         summary.update(
-            wall_s=wall, trained=trained_here, trained_per_min=trained_here / max(wall, 1e-9) * 60,
-            engine_idle_frac=_frac_idle(eng_prev["busy_s"] - eng0["busy_s"], eng_prev["up_s"] - eng0["up_s"]),
-            trainer_idle_frac=wait_total / max(wall, 1e-9), policy_version=trainer.policy_version,
-            counters=counters.saved(), consumed=list(queue.consumed), pending=list(queue.pending))
+            wall_s=wall, trained=self.trained, trained_per_min=self.trained / max(wall, 1e-9) * 60,
+            engine_idle_frac=_frac_idle(self.eng_prev["busy_s"] - self.eng0["busy_s"],
+                                        self.eng_prev["up_s"] - self.eng0["up_s"]),
+            trainer_idle_frac=self.wait_total / max(wall, 1e-9), policy_version=self.trainer.policy_version,
+            counters=counters.state_dict(), consumed=list(self.queue.consumed), pending=list(self.queue.pending))
         kinds = f" ({kinds_line(counters.infra_kinds)})" if counters.infra_kinds else ""
-        log(f"sao train: done, step {step}, policy version {trainer.policy_version}: {trained_here} trajectories "
-            f"trained in {wall:.0f}s ({summary['trained_per_min']:.1f}/min), engine idle "
-            f"{summary['engine_idle_frac']:.0%}, trainer idle {summary['trainer_idle_frac']:.0%}, "
-            f"{counters.infra_errors} infra errors{kinds} and {counters.dropped_stale} stale excluded; "
-            f"checkpoint {summary.get('checkpoint', '-')}")
+        self.log(f"sao train: done, step {self.step_no}, policy version {self.trainer.policy_version}: {self.trained} "
+                 f"trajectories trained in {wall:.0f}s ({summary['trained_per_min']:.1f}/min), engine idle "
+                 f"{summary['engine_idle_frac']:.0%}, trainer idle {summary['trainer_idle_frac']:.0%}, "
+                 f"{counters.infra_errors} infra errors{kinds} and {counters.dropped_stale} stale excluded; "
+                 f"checkpoint {summary.get('checkpoint', '-')}")
         return summary
-    finally:
-        if metrics_log is not None:
-            metrics_log.close()
-        if pool is not None:  # the workers go first: episodes in flight are abandoned, never stored
-            pool.stop()
-        if feed is not None:
-            ray.kill(feed)
-        if engines is not None:
-            engines.stop()
-        if scope is not None:
-            scope.__exit__(None, None, None)
-        if isinstance(trainer, Ranks):
-            trainer.close()
-        if started_ray:
-            ray.shutdown()

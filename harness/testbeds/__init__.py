@@ -5,6 +5,6 @@
 - `chain`: the long-horizon test-bed, 8 to 40 turns (heavy-tailed) whose one reward is decided at a few of
   them, across long filler observations (`testbed.chain.*`).
 
-Each is an episode function `fn(task, ctx, episode_id) -> Trajectory` in `harness.runner.EPISODES`;
+Each is an `EnvSpec` of `harness.runner.ENVS` (its episode function `fn(task, ctx, episode_id) -> Trajectory`);
 their config sections are in `harness.testbeds.config` (cheap to import: the modules here load the proxy).
 """

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from sao_harness.harness.engines.sleep import SleepEngine
 from sao_harness.harness.proxy import UnknownEpisode
 from sao_harness.harness.trace import REWARDED, Status, Trajectory
 
@@ -123,3 +124,10 @@ def run_simulated_episode(task, ctx, episode_id: str) -> Trajectory:
                                       {"role": "user", "content": task.problem_statement[:500] or task.instance_id}]
     return chat_episode(task, ctx, episode_id, messages, planned, lambda turn: observation(turn, rng), reward_rule,
                         "simulated", sleep_s=sim.env_sleep_s, inject_after_first=inject, planned_turns=planned)
+
+
+def sleep_engine(cfg, tokenizer) -> SleepEngine:
+    """The stand-in engine of `testbed.simulated.engine_s` (harness.runner's `simulated` spec): it sleeps that
+    long per call and samples uniformly over the tokenizer's vocabulary."""
+    return SleepEngine(cfg.testbed.simulated.engine_s, len(tokenizer), tokenizer.eos_token_id, seed=cfg.run.seed,
+                       timeout_s=cfg.engine.timeout_s)

@@ -1,5 +1,5 @@
 """The HTML report opens in a headless browser and shows its tables and plots (Debian's chromium,
-installed once by ``eval.browser.ensure_chromium`` when missing)."""
+installed once by ``tests.support.browser.ensure_chromium`` when missing)."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ from tests.support import eval_data as units
 
 @pytest.fixture(scope="module")
 def chromium():
-    from sao_harness.eval.browser import BrowserUnavailable, ensure_chromium
+    from tests.support.browser import BrowserUnavailable, ensure_chromium
 
     try:
         return ensure_chromium()
@@ -19,8 +19,8 @@ def chromium():
 
 @pytest.mark.slow  # headless chromium
 def test_html_report_renders_tables_and_plots(tmp_path, chromium):
-    from sao_harness.eval.browser import image_stats, screenshot
     from sao_harness.tasks.loaders import load_tasks
+    from tests.support.browser import image_stats, screenshot
 
     tasks = {t.instance_id: t for t in load_tasks("bundled", instances=units.IDS)}
     d = tmp_path / "ev"

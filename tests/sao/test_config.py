@@ -1,4 +1,5 @@
 """Config: typed, validated, one-line errors naming the key or path, exit code 2 before any work."""
+import importlib.metadata
 import json
 import re
 import subprocess
@@ -106,6 +107,7 @@ MOVED_VALUES = {
     "testbed.simulated.turns_median": 2.0, "testbed.simulated.turns_sigma": 0.5, "testbed.simulated.turns_max": 8,
     "testbed.simulated.env_sleep_s": 0.5, "testbed.simulated.infra_error_rate": 0.1,
     "testbed.simulated.engine_s": 0.01,
+    "grading.timeout_s": 60.0, "grading.output_cap_bytes": 1000, "grading.guard": False,
 }
 
 
@@ -115,18 +117,22 @@ def _get(cfg, dotted: str):
     return cfg
 
 
-@pytest.mark.parametrize("old, new", sorted(MOVED_KEYS.items()))
-def test_a_moved_key_still_loads_in_its_old_place_with_a_warning(old, new):
-    """The old key (an override here) lands at the new key, with a one-line FutureWarning naming the new key."""
+@pytest.mark.parametrize("old, new, removed_in", sorted((old, *move) for old, move in MOVED_KEYS.items()))
+def test_a_moved_key_still_loads_in_its_old_place_with_a_warning(old, new, removed_in):
+    """The old key (an override here) lands at the new key, with a one-line FutureWarning naming the new key
+    and the version that removes the old one."""
     value = MOVED_VALUES[new]
     assert value != _get(Config(), new)  # else the test could not tell the move from the default
-    with pytest.warns(FutureWarning, match=rf"^{re.escape(old)} is deprecated: use {re.escape(new)}$"):
+    version = tuple(map(int, importlib.metadata.version("sao-harness").split(".")))
+    assert tuple(map(int, removed_in.split("."))) > version, f"{old}: removed in {removed_in}, so remove it now"
+    with pytest.warns(FutureWarning, match=rf"^{re.escape(old)} is deprecated: use {re.escape(new)} "
+                                           rf"\({re.escape(old)} is removed in {re.escape(removed_in)}\)$"):
         cfg = load_config(None, [f"{old}={json.dumps(value)}"])
     assert _get(cfg, new) == value
 
 
 def test_moved_keys_in_a_file_and_every_moved_key_covered(tmp_path):
-    assert set(MOVED_VALUES) == set(MOVED_KEYS.values())
+    assert set(MOVED_VALUES) == {new for new, _ in MOVED_KEYS.values()}
     f = tmp_path / "old.yaml"
     f.write_text("trainer:\n  env: toy\n  toy_turns: 4\n  world_size: 2\n  top_k: 16\n")
     with pytest.warns(FutureWarning):

@@ -5,7 +5,8 @@ project's venv, nothing downloaded) and installed with ``--no-deps`` into a new 
 path is the project venv's site-packages (a plain path line in a .pth: its packages, not its editable
 finder, which would map ``sao_harness`` back to the checkout). From an empty directory: ``sao --help``,
 ``sao config`` and ``sao tasks list`` (the bundled tasks, package data) must work, every module must come
-from the wheel, and ``tasks/suite`` must not be in it.
+from the wheel, and ``tasks/suite`` must not be in it; the checkout's links (``sao_harness/core -> ../core``)
+become plain files in it.
 """
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def installed(tmp_path_factory):
 
 
 def test_the_wheel_holds_the_namespace_and_the_bundled_tasks_not_the_suite(installed):
-    names = zipfile.ZipFile(installed[2]).namelist()
+    infos = zipfile.ZipFile(installed[2]).infolist()
+    names = [i.filename for i in infos]
+    assert not [n for i, n in zip(infos, names) if (i.external_attr >> 16) & 0o170000 == 0o120000]  # files, no links
     assert "sao_harness/trainer/gae.py" in names and "sao_harness/harness/engines/registry.py" in names
     assert any(n.startswith("sao_harness/tasks/bundled/tasks/") and n.endswith("/task.yaml") for n in names)
     assert not [n for n in names if n.startswith(("sao_harness/tasks/suite", "core/", "trainer/", "tests/"))]

@@ -1,1 +1,2 @@
-"""Helpers shared by tests (not tests themselves): fakes, generated task repos, data builders."""
+"""Helpers shared by tests and benches (not tests themselves): fakes, generated task repos, data builders,
+vLLM's CPU test models (``vllm_testmodel``), a headless browser for the HTML reports (``browser``)."""

@@ -221,10 +221,10 @@ def test_junit_keys_and_parsing():
 
 
 def test_output_cap_default_matches_the_config():
-    from sao_harness.eval.config import EvalConfig
+    from sao_harness.tasks.config import GradingConfig
     from sao_harness.tasks.grade_sandbox import DEFAULT_OUTPUT_CAP_BYTES
 
-    assert EvalConfig().grade_output_cap_bytes == DEFAULT_OUTPUT_CAP_BYTES
+    assert GradingConfig().output_cap_bytes == DEFAULT_OUTPUT_CAP_BYTES
 
 
 # --- guard fuzz: generated hacking patches on the bundled tasks --------------------------------

@@ -97,7 +97,7 @@ def run(repo: Path, probes: dict[str, Probe], tests: list[str] = ()) -> tuple[di
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *files, *tests],
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", f"--rootdir={repo}", *files, *tests],
         cwd=repo, env=env, capture_output=True, text=True, timeout=120,
     )
     if proc.returncode == 4 and tests:  # a graded test cannot be collected: it fails; the probes alone
@@ -494,7 +494,8 @@ def test_probe_shapes(tmp_path):
     def records(p):
         (tmp_path / RECORDS).unlink(missing_ok=True)
         (tmp_path / "_sao_probe_shapes.py").write_text(p.source)
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "_sao_probe_shapes.py"],
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={tmp_path}",
+                               "_sao_probe_shapes.py"],
                               cwd=tmp_path, capture_output=True, text=True,
                               env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
         assert proc.returncode == 0, proc.stdout

@@ -237,7 +237,7 @@ def test_sao_train_skips_the_unusable_with_skip_ungradable(tmp_path, monkeypatch
 
     seen = {}
     loop = types.SimpleNamespace(LoopError=RuntimeError,  # a stand-in: the real loop would start Ray and a model
-                                 train=lambda cfg, log: seen.setdefault("ids", list(cfg.tasks.instances)))
+                                 train=lambda cfg, tasks, log: seen.setdefault("ids", [t.instance_id for t in tasks]))
     monkeypatch.setitem(sys.modules, "sao_harness.trainer.loop", loop)
     assert main(["train", "--config", "configs/local.yaml", f"tasks.source={_broken_repo(tmp_path)}",
                  "tasks.skip_ungradable=true", f"run.root={tmp_path / 'runs'}"]) == 0

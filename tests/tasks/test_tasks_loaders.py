@@ -12,6 +12,7 @@ import pytest
 
 from sao_harness.core.errors import UserError
 from sao_harness.sao.cli import main
+from sao_harness.tasks.adapters import ADAPTERS, COLUMNS
 from sao_harness.tasks.loaders import load_task_repo, load_tasks, load_tasks_lenient
 from sao_harness.tasks.model import Task, TaskError
 from tests.support.task_repos import TASK_IDS, make_task_repo
@@ -162,6 +163,18 @@ def test_malformed_rows(tmp_path, row, pattern):
     f = write_jsonl(tmp_path / "bad.jsonl", [row])
     with pytest.raises(TaskError, match=pattern):
         load_tasks(str(f))
+
+
+def test_unknown_format_lists_the_formats_and_their_columns(tmp_path):
+    f = write_jsonl(tmp_path / "qa.jsonl", [{"question": "2 + 2?", "answer": "4"}])
+    with pytest.raises(UserError) as e:
+        load_tasks_lenient(str(f))  # the source's format, not a row's fault: even the lenient loader stops
+    msg = str(e.value)
+    assert msg.startswith(f"{f}: a row of no known dataset format (its columns: answer, question)")
+    for name, columns in COLUMNS.items():
+        assert f"{name}: {columns}" in msg
+    assert set(COLUMNS) == set(ADAPTERS) and "r2e-gym: repo_name, commit_hash, docker_image" in msg
+    assert "\n" not in msg
 
 
 def test_lenient_load_keeps_good_rows(tmp_path):

@@ -699,7 +699,8 @@ def _pytest(tree: Path, files: list[str], junit: Path) -> dict[str, list[bool]]:
     """{"file::name[p]", and "file::name" / "file::Cls::name" with the parameters stripped: [passed, ...]}."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tree), "PYTHONDONTWRITEBYTECODE": "1",
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "LC_ALL": "C.UTF-8"}
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *files],
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={tree}",
+                    f"--junitxml={junit}", *files],
                    cwd=tree, env=env, capture_output=True, timeout=120)
     dotted = {path[:-3].replace("/", "."): path for path in files}
     out: dict[str, list[bool]] = defaultdict(list)

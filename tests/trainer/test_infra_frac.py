@@ -67,7 +67,7 @@ def test_infra_frac_is_cumulative_and_kinds_are_counted(tmp_path):
     assert m["rollout/infra_errors_total"] == 5
 
     # the kinds are saved in checkpoints; an older checkpoint without them still loads
-    assert Counters(**counters.saved()).infra_kinds == counters.infra_kinds
+    assert Counters(**counters.state_dict()).infra_kinds == counters.infra_kinds
     assert Counters(trained=3, infra_errors=1).infra_kinds == {}
 
 

@@ -32,16 +32,35 @@ def test_the_loop_checks_read_trainer_and_runtime():
 def test_trainer_env_is_one_of_the_registry(monkeypatch):
     with pytest.raises(ValueError, match=r"unknown env 'custom' \(known: chain, simulated, swe, toy\)"):
         TrainerConfig(env="custom")
-    monkeypatch.setitem(runner.EPISODES, "custom", lambda task, ctx, episode_id: None)
+    fn = lambda task, ctx, episode_id: None  # noqa: E731
+    monkeypatch.setitem(runner.ENVS, "custom", runner.EnvSpec("custom", fn, "a test env"))
     assert TrainerConfig(env="custom").env == "custom"
-    assert runner.episode_function("custom") is runner.EPISODES["custom"]
+    assert runner.episode_function("custom") is fn
+    with pytest.raises(ValueError, match="registered already"):
+        runner.register_env(runner.EnvSpec("custom", fn, "again"))
 
 
-def test_registry_entries_are_imported_on_first_use(monkeypatch):
+def test_registry_entries_are_imported_on_first_use():
     from sao_harness.harness.testbeds.toy import run_toy_episode
 
-    monkeypatch.setitem(runner.EPISODES, "toy", "sao_harness.harness.testbeds.toy:run_toy_episode")
+    assert runner.ENVS["toy"].episode == "sao_harness.harness.testbeds.toy:run_toy_episode"
     assert runner.episode_function("toy") is run_toy_episode
-    assert runner.EPISODES["toy"] is run_toy_episode  # resolved once
     with pytest.raises(UserError, match=r"trainer.env='nope': no episode function"):
         runner.episode_function("nope")
+
+
+def test_env_specs_say_what_a_run_needs(tmp_path):
+    """What the trainer's env branches used to ask: swe pre-flights and cleans its sandboxes up; simulated's
+    sleep engine stands in only with testbed.simulated.engine_s; a test-bed runs in no scope."""
+    from sao_harness.sao.config import load_config
+
+    swe, sim, toy = runner.env_spec("swe"), runner.env_spec("simulated"), runner.env_spec("toy")
+    assert swe.preflight and not sim.preflight and not toy.preflight
+    assert swe.scope == "sao_harness.envs.gc:run_scope" and toy.scope is None
+    cfg = load_config(None, [])
+    assert sim.stand_in_name(cfg) is None and swe.stand_in_name(cfg) is None
+    assert sim.stand_in_name(load_config(None, ["testbed.simulated.engine_s=0.1"])) == "sleep (simulated)"
+    with toy.run_scope("run-x"):  # a null context
+        pass
+    with pytest.raises(UserError, match="no runnable tasks"):
+        toy.prepared(cfg, [])

@@ -40,7 +40,7 @@ class Served:
         from transformers import AutoModelForCausalLM
 
         from sao_harness.harness.engines.vllm import VLLMEngine
-        from sao_harness.harness.engines.vllm_testmodel import ensure_test_model
+        from tests.support.vllm_testmodel import ensure_test_model
 
         self.family = family
         self.path = ensure_test_model(CACHE, family)

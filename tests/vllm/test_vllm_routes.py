@@ -46,7 +46,7 @@ def test_a_completion_outputs_routed_experts_become_the_results_routes():
 def test_the_engine_asks_for_routes_on_gpus_for_an_moe_model_only():
     import vllm
 
-    from sao_harness.harness.engines.vllm_testmodel import ensure_test_model
+    from tests.support.vllm_testmodel import ensure_test_model
     from tests.vllm.conftest import CACHE
 
     moe, dense = ensure_test_model(CACHE, "moe"), ensure_test_model(CACHE, "dense")

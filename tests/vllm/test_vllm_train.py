@@ -12,7 +12,7 @@ import time
 import psutil
 import yaml
 
-from sao_harness.harness.engines.vllm_testmodel import ensure_test_model
+from tests.support.vllm_testmodel import ensure_test_model
 from tests.vllm.conftest import CACHE, REPO
 
 STEPS = 4

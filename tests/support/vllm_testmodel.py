@@ -1,4 +1,5 @@
-"""Small test models that vLLM's CPU backend serves (``make test-vllm``, ``bench/bench_vllm.py``): no model hub.
+"""Small test models that vLLM's CPU backend serves (``make test-vllm``, ``bench/bench_vllm.py``,
+``bench/mismatch.py``): no model hub.
 
 vLLM's CPU attention supports head sizes 32, 64, 80 and up; the project's tiny model has head_dim 16
 (``Unsupported CPU attention configuration: head_dim=16``). These are the tiny model's tokenizer with a
