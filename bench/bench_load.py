@@ -4,6 +4,8 @@ Run: ``.venv/bin/python bench/bench_load.py [--n 16,32,64,128]``. The policy is 
 (``ScriptedPolicyEngine.gold``: ~0 s a turn), so every figure is the harness's, the engine's and the
 grader's own cost. Per N: ``rollout.workers = N`` and N episodes (bundled tasks, each
 ``rollout.episodes_per_task`` times), ``rollout.max_retries = 0`` (every infra error shows). Figures:
+- the wait for a sandbox start slot p50 / p99 (``sandbox.start_slots``: ``--start-slots n,0`` runs each N
+  without a bound, then with the default, for a before/after in one run);
 - sandbox start p50 / p99: container create -> its shell answers the first command (the episode's
   ``sandbox_start_s``); p99 of its shell's part (bounded by ``sandbox.start_timeout_s``) and of the agent's
   terminal start (``docker exec -it``, ``tools_start_s``; bounded by ``SHELL_START_TIMEOUT_S``);
@@ -224,8 +226,8 @@ def infra_kind(metadata: dict) -> str:
     return f"{kind_of(metadata)} ({head[:60]})"
 
 
-def run_n(n: int, tasks, tokenizer, tmp: str) -> dict:
-    """One load run of ``n`` concurrent episodes; its figures."""
+def run_n(n: int, tasks, tokenizer, tmp: str, start_slots: int = 0) -> dict:
+    """One load run of ``n`` concurrent episodes with ``sandbox.start_slots = start_slots``; its figures."""
     count, per = plan(n, len(tasks))
     chosen = tasks[:count]
     name = f"load-n{n}-{secrets.token_hex(3)}"
@@ -234,7 +236,8 @@ def run_n(n: int, tasks, tokenizer, tmp: str) -> dict:
         "sampling.max_tokens=4096", "proxy.context_budget=32768", "agent.profile=compact",
         "agent.stuck_detection=false", f"tasks.instances=[{', '.join(t.instance_id for t in chosen)}]",
         f"rollout.workers={n}", f"rollout.episodes_per_task={per}", "rollout.max_retries=0",
-        "rollout.max_infra_frac=null"])  # a load run reports every infra error, it does not stop on them
+        "rollout.max_infra_frac=null",  # a load run reports every infra error, it does not stop on them
+        f"sandbox.start_slots={start_slots}"])
     engine = ScriptedPolicyEngine.gold(tokenizer, chosen)
     proxy = ProxyServer(engine, tokenizer, cfg)
     proxy.start(port=0)
@@ -253,7 +256,7 @@ def run_n(n: int, tasks, tokenizer, tmp: str) -> dict:
         proxy.stop()
     cpu = {k: (cpu_seconds(p) - cpu0[k]) / wall for k, p in pids.items()}
     cpu["host"] = (host_busy_seconds() - cpu0["host"]) / wall
-    return figures(n, list(TraceStore(cfg.run.dir)), sampler, cpu, shells.seconds)
+    return figures(n, list(TraceStore(cfg.run.dir)), sampler, cpu, shells.seconds) | {"slots": cfg.sandbox.slots()}
 
 
 def median_timing(trajs, key: str) -> float:
@@ -264,6 +267,7 @@ def median_timing(trajs, key: str) -> float:
 def figures(n: int, trajs, sampler: Sampler, cpu: dict[str, float], shells: list[float]) -> dict:
     """The row of one run from its trajectories, samples, CPU (cores) and sandbox shell starts."""
     starts = [t.timings["sandbox_start_s"] for t in trajs if "sandbox_start_s" in t.timings]
+    waits = [t.timings["sandbox_wait_s"] for t in trajs if "sandbox_wait_s" in t.timings]
     terminal = [t.metadata["agent"].get("tools_start_s", math.nan) for t in trajs if "agent" in t.metadata]
     span = max(t.metadata["t_end"] for t in trajs) - min(t.metadata["t_start"] for t in trajs)
     failed = [t for t in trajs if t.status == Status.INFRA_ERROR]
@@ -272,6 +276,7 @@ def figures(n: int, trajs, sampler: Sampler, cpu: dict[str, float], shells: list
     peaks, grading = sampler.mib("sandbox"), sampler.mib("grade")
     return dict(n=n, episodes=len(trajs), resolved=sum(t.reward == 1.0 for t in trajs), span=span,
                 per_min=len(trajs) / span * 60, start50=percentile(starts, 50), start99=percentile(starts, 99),
+                wait_start50=percentile(waits, 50), wait_start99=percentile(waits, 99),
                 shell99=percentile(shells, 99), term99=percentile(terminal, 99),
                 episode50=median_timing(trajs, "episode_s"), agent50=median_timing(trajs, "agent_s"),
                 wait50=median_timing(trajs, "grade_wait_s"), grade50=median_timing(trajs, "grade_s"),
@@ -282,7 +287,8 @@ def figures(n: int, trajs, sampler: Sampler, cpu: dict[str, float], shells: list
                 cpu=cpu, fds=sampler.peak_fds)
 
 
-HEADER = ("| N | episodes | resolved | span s | episodes/min | start p50 / p99 s | shell p99 s | terminal p99 s "
+HEADER = ("| N | start slots | episodes | resolved | span s | episodes/min | start wait p50 / p99 s "
+          "| start p50 / p99 s | shell p99 s | terminal p99 s "
           "| episode p50 s (agent / grade wait / grade) | infra errors | MiB/sandbox p50 (max) "
           "| MiB/grading ctr p50 (max) "
           "| sandboxes / grading ctrs at once | host MiB used | rollout RSS MiB "
@@ -291,8 +297,9 @@ HEADER = ("| N | episodes | resolved | span s | episodes/min | start p50 / p99 s
 
 def row(r: dict) -> str:
     cpu = " / ".join(f"{r['cpu'][k]:.2f}" for k in ("host", "rollout", "dockerd", "containerd"))
-    return (f"| {r['n']} | {r['episodes']} | {r['resolved']} | {r['span']:.0f} | {r['per_min']:.1f} "
-            f"| {r['start50']:.2f} / {r['start99']:.2f} | {r['shell99']:.2f} | {r['term99']:.2f} "
+    return (f"| {r['n']} | {r['slots']} | {r['episodes']} | {r['resolved']} | {r['span']:.0f} | {r['per_min']:.1f} "
+            f"| {r['wait_start50']:.2f} / {r['wait_start99']:.2f} | {r['start50']:.2f} / {r['start99']:.2f} "
+            f"| {r['shell99']:.2f} | {r['term99']:.2f} "
             f"| {r['episode50']:.1f} ({r['agent50']:.1f} / {r['wait50']:.1f} / {r['grade50']:.1f}) | {r['infra']} "
             f"| {r['mem50']:.0f} ({r['mem_max']:.0f}) | {r['gmem50']:.0f} ({r['gmem_max']:.0f}) "
             f"| {r['at_once']['sandbox']} / {r['at_once']['grade']} "
@@ -302,6 +309,8 @@ def row(r: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", default="16,32,64,128", help="concurrent episodes, a comma-separated list")
+    ap.add_argument("--start-slots", default="0", help="sandbox.start_slots per N, a comma-separated list run "
+                    "in order (0: the default, four per core; n: N, no bound), e.g. n,0 for before/after")
     args = ap.parse_args()
     ns = [int(x) for x in args.n.split(",") if x.strip()]
     from transformers import AutoTokenizer
@@ -314,9 +323,10 @@ def main() -> None:
     tasks = load_tasks("bundled")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n in ns:
-            rows.append(run_n(n, tasks, tokenizer, tmp))
-            print(f"N={n}: {rows[-1]['episodes']} episodes, infra error kinds {rows[-1]['kinds'] or '-'}, "
+        for n, slots in [(n, n if s == "n" else int(s)) for n in ns for s in args.start_slots.split(",")]:
+            rows.append(run_n(n, tasks, tokenizer, tmp, slots))
+            print(f"N={n}, start slots {rows[-1]['slots']}: {rows[-1]['episodes']} episodes, "
+                  f"infra error kinds {rows[-1]['kinds'] or '-'}, "
                   f"{rows[-1]['sandboxes']} sandboxes sampled", flush=True)
             for kind, reason in rows[-1]["reasons"].items():
                 print(f"  {kind}, e.g.: {reason}", flush=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -103,6 +104,9 @@ class SandboxConfig(Section):
     env: dict[str, str] = Field({}, description="environment of the sandbox's shell and processes")
     start_timeout_s: float = Field(120.0, gt=0, description="seconds for the sandbox's shell to answer once its "
                                    "container started (one idle start: ~0.5 s; 16 at once on 2 busy cores: p99 4 s)")
+    start_slots: int = Field(0, ge=0, description="sandboxes starting at once on one node, across its processes "
+                             "(core.slots): a start past them waits (timings.sandbox_wait_s) before its "
+                             "start_timeout_s begins; 0: four per CPU core of the node")
     disk_bytes: str = Field("10g", description="disk budget of the sandbox's writable layer (and workdir volume): "
                             "no single file may exceed it (kernel file-size limit), and a watchdog kills the "
                             "sandbox once its total exceeds it (apparent sizes, sparse files count in full); on "
@@ -141,6 +145,10 @@ class SandboxConfig(Section):
             logging.getLogger(__name__).warning("sandbox.network=%r: sandboxes share that network (not isolated)",
                                                 self.network)
         return self
+
+    def slots(self) -> int:
+        """``start_slots``, or four per CPU core of this node when it is 0."""
+        return self.start_slots or 4 * (os.cpu_count() or 1)
 
 
 def size_bytes(text: str) -> int:

@@ -35,6 +35,7 @@ import sys
 import tarfile
 import time
 
+from sao_harness.core.slots import node_slot
 from sao_harness.envs.config import SandboxConfig, size_bytes
 from sao_harness.envs.engine import docker_client
 from sao_harness.envs.errors import (
@@ -85,6 +86,7 @@ class Sandbox:
         self.disk_budget = size_bytes(self.cfg.disk_bytes)
         self.watchdog: DiskWatchdog | None = None
         self.disk_cap: dict = {}  # the hard cap's create arguments, {} where the engine has none
+        self.start_wait_s = 0.0  # waited for a start slot (sandbox.start_slots)
         with engine_calls(f"connecting for sandbox {self.name}"):
             self.client = client or docker_client()
         self.api = self.client.api
@@ -115,31 +117,33 @@ class Sandbox:
         if cfg.read_only:
             kwargs["read_only"] = True
             kwargs["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,size={cfg.tmpfs_size}"}
-        with engine_calls(f"starting sandbox {self.name} from {self.image}"):
-            try:
-                self.client.images.get(self.image)
-            except docker.errors.ImageNotFound:
-                raise ImageNotFound(self.image) from None
-            self.disk_cap = hard_disk_cap(self.client, self.disk_budget)
-            kwargs.update(self.disk_cap)
-            if cfg.read_only:  # a labeled volume at the workdir, filled from the image's content
-                self.volume = self.client.volumes.create(name=f"{self.name}-work", labels=self.labels)
-                kwargs["volumes"] = {self.volume.name: {"bind": self.workdir, "mode": "rw"}}
-            try:
-                self.container = self.client.containers.create(self.image, **kwargs)
-                self.container.start()
-            except docker.errors.ImageNotFound:
-                raise ImageNotFound(self.image) from None
-            except docker.errors.APIError as e:
-                raise SandboxError(f"cannot start sandbox from {self.image}: {e.explanation or e}") from None
-            try:
-                self.shell = PersistentShell(self.api, self.container.id, user=cfg.user, workdir=self.workdir,
-                                             env=self.env, cap_chars=cfg.output_cap_chars,
-                                             ready_timeout_s=cfg.start_timeout_s)
-            except (ShellExited, ShellTimeout, docker.errors.APIError) as e:
-                self._raise_if_dead("starting its shell", "")
-                raise SandboxError(f"sandbox {self.name}: its shell did not start "
-                                   f"(does {self.image} have bash?)") from e
+        with node_slot("sandbox-start", cfg.slots()) as waited:  # starts at once on this node are bounded
+            self.start_wait_s = waited
+            with engine_calls(f"starting sandbox {self.name} from {self.image}"):
+                try:
+                    self.client.images.get(self.image)
+                except docker.errors.ImageNotFound:
+                    raise ImageNotFound(self.image) from None
+                self.disk_cap = hard_disk_cap(self.client, self.disk_budget)
+                kwargs.update(self.disk_cap)
+                if cfg.read_only:  # a labeled volume at the workdir, filled from the image's content
+                    self.volume = self.client.volumes.create(name=f"{self.name}-work", labels=self.labels)
+                    kwargs["volumes"] = {self.volume.name: {"bind": self.workdir, "mode": "rw"}}
+                try:
+                    self.container = self.client.containers.create(self.image, **kwargs)
+                    self.container.start()
+                except docker.errors.ImageNotFound:
+                    raise ImageNotFound(self.image) from None
+                except docker.errors.APIError as e:
+                    raise SandboxError(f"cannot start sandbox from {self.image}: {e.explanation or e}") from None
+                try:
+                    self.shell = PersistentShell(self.api, self.container.id, user=cfg.user, workdir=self.workdir,
+                                                 env=self.env, cap_chars=cfg.output_cap_chars,
+                                                 ready_timeout_s=cfg.start_timeout_s)
+                except (ShellExited, ShellTimeout, docker.errors.APIError) as e:
+                    self._raise_if_dead("starting its shell", "")
+                    raise SandboxError(f"sandbox {self.name}: its shell did not start "
+                                       f"(does {self.image} have bash?)") from e
         if not self.disk_cap or self.volume is not None:  # under a hard cap only a volume needs watching
             self.watchdog = DiskWatchdog(self.api, self.container.id, self.disk_budget, cfg.disk_check_s,
                                          self.volume, self.name, layer=not self.disk_cap)

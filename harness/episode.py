@@ -80,7 +80,8 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
         t0 = time.monotonic()
         with Sandbox(image, cfg.sandbox, client=client, run_id=ctx.run_id,
                      labels={"sao-harness.task": task.instance_id}) as sb:
-            timings["sandbox_start_s"] = time.monotonic() - t0
+            timings["sandbox_wait_s"] = sb.start_wait_s  # for a start slot (sandbox.start_slots)
+            timings["sandbox_start_s"] = time.monotonic() - t0 - sb.start_wait_s
             if task.episode_setup:  # the dataset's own start of an episode (tasks.adapters: R2E-Gym hides its tests)
                 sb.run(task.episode_setup, timeout_s=120, check=True)
             t0 = time.monotonic()

@@ -314,3 +314,31 @@ def test_patch_extraction_broken_by_the_agent_is_its_doing_but_a_dead_container_
     sb.container.kill()
     with pytest.raises(ContainerDied):
         sb.diff_bytes(base)
+
+
+# -- start slots ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("slots", [1, 3])
+def test_sandbox_starts_wait_for_a_node_slot(make_sandbox, monkeypatch, tmp_path, slots):
+    """sandbox.start_slots = 1: three sandboxes started at once start one after another (the 2nd and 3rd wait
+    for a whole start); = 3 (power: the same run with room for all) none waits."""
+    monkeypatch.setenv("SAO_SLOT_DIR", str(tmp_path))
+    made, errors = [], []
+
+    def start():
+        try:
+            made.append(make_sandbox(start_slots=slots))
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and len(made) == 3
+    waits = sorted(sb.start_wait_s for sb in made)
+    if slots == 1:
+        assert waits[0] < 0.2 and waits[1] > 0.1 and waits[2] > waits[1], waits
+    else:
+        assert waits[-1] < 0.2, waits
+    assert all(sb.run("echo ok").output == "ok\n" for sb in made)
