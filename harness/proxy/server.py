@@ -102,6 +102,9 @@ async def _answer(send, e: ProxyError, extra: dict[bytes, bytes]) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+KEEP_ALIVE_S = 120  # seconds an idle client connection stays open (see ProxyServer.start)
+
+
 class ProxyServer:
     """The proxy for one engine: sessions by episode id, a FastAPI app, an optional trace store."""
 
@@ -240,9 +243,13 @@ class ProxyServer:
 
         host = host or self.cfg.proxy.host
         check_loopback(host, self.token)
-        # uvicorn binds the socket itself: a socket handed in with ``sockets=`` costs ~40 ms per keep-alive request
+        # uvicorn binds the socket itself: a socket handed in with ``sockets=`` costs ~40 ms per keep-alive request.
+        # An idle connection stays open past any client's keep-alive expiry (httpx, hence the agent's client: 5 s,
+        # uvicorn's own default too): the client drops it first, so a request never lands on a connection the
+        # server is closing ("Connection error." after a tool call of ~5 s, seen with 128 episodes at once).
         self._server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning",
-                                                     access_log=False, lifespan="off"))
+                                                     access_log=False, lifespan="off",
+                                                     timeout_keep_alive=KEEP_ALIVE_S))
         self._thread = threading.Thread(target=self._server.run, name="sao-proxy", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout

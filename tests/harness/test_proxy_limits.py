@@ -1,14 +1,17 @@
 """The proxy's guards: the request size limit (413), the bearer token (401), the bind rule, the
 episode clients (the OpenHands agent, the simulated environment) sending the token, and the context
 budget capped at the model's length. Loopback only."""
+import http.client
 import json
 import logging
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -250,3 +253,20 @@ def test_the_agent_over_the_models_length_ends_truncated_context(serve, tmp_path
     assert r.status == Status.TRUNCATED_CONTEXT and "context_length_exceeded" in (r.error or ""), r
     traj = proxy.close_episode("ep-short")
     assert traj.status == Status.TRUNCATED_CONTEXT and episode_status(r, traj, None) == Status.TRUNCATED_CONTEXT
+
+
+def test_an_idle_connection_outlives_the_clients_keep_alive(serve):
+    """A connection idle for longer than httpx's keep-alive expiry (5 s, uvicorn's default timeout too) is still
+    open: the client, not the server, drops it, so a request never races the server's close (with the old 5 s
+    server timeout the second request below gets no response)."""
+    _, _, url, _ = serve()
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("GET", "/health")
+    assert conn.getresponse().read() and conn.sock is not None
+    sock = conn.sock
+    time.sleep(httpx.Limits().keepalive_expiry + 1.5)
+    conn.request("GET", "/health")  # on the same socket: http.client reconnects only when it has none
+    resp = conn.getresponse()
+    assert resp.status == 200 and conn.sock is sock
+    conn.close()
