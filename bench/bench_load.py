@@ -326,8 +326,8 @@ def main() -> None:
         for n, slots in [(n, n if s == "n" else int(s)) for n in ns for s in args.start_slots.split(",")]:
             rows.append(run_n(n, tasks, tokenizer, tmp, slots))
             print(f"N={n}, start slots {rows[-1]['slots']}: {rows[-1]['episodes']} episodes, "
-                  f"infra error kinds {rows[-1]['kinds'] or '-'}, "
-                  f"{rows[-1]['sandboxes']} sandboxes sampled", flush=True)
+                  f"{rows[-1]['sandboxes']} sandboxes sampled, infra error kinds {rows[-1]['kinds'] or '-'}",
+                  flush=True)
             for kind, reason in rows[-1]["reasons"].items():
                 print(f"  {kind}, e.g.: {reason}", flush=True)
     print()

@@ -238,7 +238,8 @@ class TrainRun:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.stack.callback(lock_file(run_dir / ".train.lock", f"{run_dir} is in use by another `sao train`").close)
         self.store = TraceStore(run_dir)
-        self.store.clean_partial()
+        self.store.clean_partial()  # a killed run's writers' temporary files
+        self.stack.callback(self.store.clean_partial)  # at close, after the workers (stopped mid-write) are gone
         clean_partial(run_dir)
         self.ckpt = ckpt = latest_checkpoint(run_dir)
         state = read_state(ckpt) if ckpt else {}

@@ -48,6 +48,14 @@ def family(key: str) -> str | None:
     return head if sep and head in FAMILIES else None
 
 
+def _after_second(second: int) -> None:
+    """Wait until the wall clock is past ``second``. An event file is named ``events.out.tfevents.<second,
+    10 digits>.<host>.<pid>.<counter>``: two files of one process in one second sort by the counter as text
+    (``10`` before ``9``), so a resumed run's file must start in a later second than the files before it."""
+    while time.time() < second + 1:
+        time.sleep(0.05)
+
+
 class MetricsLogger:
     """``MetricsLogger(run_dir).log(step, {"rollout/reward_mean": 0.5, ...})``; ``close()`` at the end."""
 
@@ -84,9 +92,11 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy and optional
 
             tb_dir = self.run_dir / TB_DIR
-            resumed = tb_dir.is_dir() and any(tb_dir.glob("events.out.tfevents.*"))
+            earlier = sorted(tb_dir.glob("events.out.tfevents.*")) if tb_dir.is_dir() else []
+            if earlier:  # TensorBoard reads the files in name order: this one must sort after them
+                _after_second(max(int(f.name.split(".")[3]) for f in earlier))
             # purge_step: TensorBoard hides the earlier files' events at steps >= the first one logged now
-            self._tb = SummaryWriter(log_dir=str(tb_dir), purge_step=record["step"] if resumed else None)
+            self._tb = SummaryWriter(log_dir=str(tb_dir), purge_step=record["step"] if earlier else None)
         if self._tb is not None:
             for key, value in record.items():
                 if key not in RESERVED and value is not None:

@@ -118,9 +118,14 @@ def test_families_and_the_console_table():
     assert all(family(k) for k in CONSOLE)
 
 
-def test_tensorboard_of_a_resumed_run_shows_the_new_values(tmp_path):
+@pytest.mark.parametrize("uid", [0, 9])
+def test_tensorboard_of_a_resumed_run_shows_the_new_values(tmp_path, monkeypatch, uid):
+    """Also when the resumed file's counter is 10 and the first's 9 (as text, 10 sorts first; the run's
+    file then must begin a second later: with both in one second, TensorBoard read the resumed file first)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
 
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(uid))
     with MetricsLogger(tmp_path) as logger:
         for step in range(5):
             logger.log(step, {"x": float(step)})

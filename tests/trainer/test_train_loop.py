@@ -317,3 +317,20 @@ def test_a_trajectory_with_breaks_neither_kills_the_run_nor_comes_back(ray_addre
     assert (record["rollout/break_frac"], record["rollout/trajectories"]) == (0.5, 1.0)
     state = read_state(latest_checkpoint(cfg.run.dir))
     assert state["consumed"][0] == "broken" and state["counters"]["trained"] == 1
+
+
+def test_a_run_leaves_no_partial_shard_of_a_worker_stopped_mid_write(ray_address, project_root, tmp_path):
+    """The run's close stops the workers, which may be writing a shard (a `.shard-*.tmp` a killed writer leaves),
+    then removes such files; the stand-in here is one written during the last update."""
+    from sao_harness.trainer.loop import train
+
+    cfg = sim_cfg(tmp_path, "partial", project_root, "trainer.max_steps=2", "trainer.batch_size=2",
+                  "trainer.save_every=1000", "testbed.simulated.engine_s=0.01")
+    stray = cfg.run.dir / "traces" / ".shard-0000-cut.parquet.0a1b2c3d.tmp"
+
+    def update(trainer, trajectories):
+        stray.write_bytes(b"PAR1 half a shard")  # as a worker killed between its write and its rename leaves it
+        return trainer.update(trajectories)
+
+    train(cfg, update_fn=update, log=lambda m: None)
+    assert len(TraceStore(cfg.run.dir).traj_ids()) >= 4 and not stray.exists()
