@@ -17,6 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def slots_or_per_core(n: int, per_core: int) -> int:
+    """A configured slot count: ``n``, or ``per_core`` per CPU core of this node when ``n`` is 0."""
+    return n or per_core * (os.cpu_count() or 1)
+
+
 def slot_dir() -> Path:
     """Where the lock files live: one directory per node (``$SAO_SLOT_DIR`` or the temp dir's ``sao-slots``)."""
     return Path(os.environ.get("SAO_SLOT_DIR") or Path(tempfile.gettempdir()) / "sao-slots")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -10,6 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from sao_harness.core.config import Section
+from sao_harness.core.slots import slots_or_per_core
 
 
 class DockerConfig(Section):
@@ -148,7 +148,7 @@ class SandboxConfig(Section):
 
     def slots(self) -> int:
         """``start_slots``, or four per CPU core of this node when it is 0."""
-        return self.start_slots or 4 * (os.cpu_count() or 1)
+        return slots_or_per_core(self.start_slots, 4)
 
 
 def size_bytes(text: str) -> int:

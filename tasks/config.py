@@ -1,12 +1,12 @@
 """Config sections of the tasks layer: the task source (``tasks.*``) and grading (``grading.*``)."""
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 from pydantic import Field
 
 from sao_harness.core.config import Section
+from sao_harness.core.slots import slots_or_per_core
 
 
 class TasksConfig(Section):
@@ -43,4 +43,4 @@ class GradingConfig(Section):
 
     def slots(self) -> int:
         """``node_slots``, or two per CPU core of this node when it is 0."""
-        return self.node_slots or 2 * (os.cpu_count() or 1)
+        return slots_or_per_core(self.node_slots, 2)
