@@ -22,7 +22,7 @@ def verdict(ok: bool) -> str:
 
 
 def fixed_update(seconds: float):
-    """An ``update_fn`` for ``trainer.loop.train`` that costs a fixed ``seconds`` (no model): it sleeps, takes
+    """An ``update_fn`` for ``trainer.run.loop.train`` that costs a fixed ``seconds`` (no model): it sleeps, takes
     the policy to the next version and reports ``rollout/trajectories``, so a bench measures the pipeline."""
     def update(trainer, trajectories):
         time.sleep(seconds)

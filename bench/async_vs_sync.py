@@ -31,7 +31,7 @@ from sao_harness.sao.config import load_config
 
 def steady_state(run_dir: Path) -> dict:
     """Throughput and idle fractions from the end of step 1 to the end of the run (metrics.jsonl)."""
-    from sao_harness.trainer.metrics import read_metrics
+    from sao_harness.trainer.report.metrics import read_metrics
 
     rec = read_metrics(run_dir)
     span = rec[-1]["time"] - rec[0]["time"]
@@ -59,8 +59,8 @@ def main() -> int:
 
     import ray
 
-    from sao_harness.trainer.loop import train
-    from sao_harness.trainer.ray_utils import start_ray
+    from sao_harness.trainer.run.loop import train
+    from sao_harness.trainer.run.ray_utils import start_ray
 
     root = Path(tempfile.mkdtemp(prefix="sao-bench-"))
     common = [f"run.root={root}", f"model.cache_dir={ROOT / '.cache/sao'}", "trainer.env=simulated",

@@ -6,7 +6,7 @@
 Runs expert episodes (``engine.kind: expert``: the gold patch as minimal edits, through the proxy, the
 SDK, the sandbox and the grader) on bundled tasks with each profile and reports tokens per episode
 (all of it, and action tokens). Then it times the tiny policy's forward + backward
-(``trainer.models.policy_token_logprobs``, SDPA attention, the trainer's micro-batches) on a batch of
+(``trainer.modeling.models.policy_token_logprobs``, SDPA attention, the trainer's micro-batches) on a batch of
 each profile's traces (the same batch size) and prints the ratio, both measured in this run. Needs
 Docker and the bundled images (``.venv/bin/sao tasks build --task-repo tasks/bundled``).
 """
@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from sao_harness.harness.rollout import run_rollout, start_policy  # noqa: E402  (after the environment above)
 from sao_harness.harness.store import TraceStore  # noqa: E402
 from sao_harness.sao.config import load_config  # noqa: E402
-from sao_harness.tasks.loaders import load_tasks  # noqa: E402
+from sao_harness.tasks.formats.loaders import load_tasks  # noqa: E402
 
 PROFILES = ("openhands", "compact")
 
@@ -49,9 +49,9 @@ def expert_traces(profile: str, task_ids: list[str], root: Path) -> list:
 
 def step_time(model, trajs, repeats: int, micro_batch_tokens: int) -> float:
     """Median seconds of one forward + backward of the policy's action logprobs over the batch ``trajs``,
-    in the trainer's micro-batches (``trainer.batch.micro_batches``)."""
-    from sao_harness.trainer.batch import build_batch, micro_batches
-    from sao_harness.trainer.models import policy_token_logprobs
+    in the trainer's micro-batches (``trainer.algo.batch.micro_batches``)."""
+    from sao_harness.trainer.algo.batch import build_batch, micro_batches
+    from sao_harness.trainer.modeling.models import policy_token_logprobs
 
     b = build_batch(trajs)
     groups = micro_batches(b, micro_batch_tokens)

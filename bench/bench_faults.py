@@ -352,8 +352,8 @@ def train_case(fault: str, inject: Callable[[list], object], *, tasks=TASKS[:2],
                need: int = 2, before_resume=None) -> Outcome:
     """`sao train` (real actors, B=2, 2 steps) with `inject(sandboxes)` while `need` episodes run; a run
     stopped by the fault is run again (it resumes from its checkpoint)."""
-    from sao_harness.trainer.loop import train
-    from sao_harness.trainer.ray_utils import LoopError
+    from sao_harness.trainer.run.loop import train
+    from sao_harness.trainer.run.ray_utils import LoopError
 
     out = Outcome(fault, "train")
     root = root or out.temp_root()
@@ -394,7 +394,7 @@ def train_case(fault: str, inject: Callable[[list], object], *, tasks=TASKS[:2],
     out.infra = len(infra)
     out.retried = sum(not t.metadata.get("last_attempt", True) for t in infra)
     if summary is not None:
-        from sao_harness.trainer.checkpoint import latest_checkpoint, read_state
+        from sao_harness.trainer.dist.checkpoint import latest_checkpoint, read_state
 
         state = read_state(latest_checkpoint(cfg.run.dir))
         by_id = {t.traj_id: t for t in trajs}
@@ -655,7 +655,7 @@ def main(argv=None) -> int:
     p.add_argument("--mode", choices=[*MODES, "both"], default="both")
     args = p.parse_args(argv)
     from sao_harness.harness.agent import load_sdk
-    from sao_harness.trainer.ray_utils import start_ray
+    from sao_harness.trainer.run.ray_utils import start_ray
 
     ensure_engine()
     load_sdk()

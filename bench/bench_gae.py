@@ -25,7 +25,7 @@ import time
 import torch
 from _common import verdict
 
-from sao_harness.trainer.gae import length_adaptive_lambda, skip_observation_gae
+from sao_harness.trainer.algo.gae import length_adaptive_lambda, skip_observation_gae
 
 ROWS, LENGTH = 64, 32_768
 TENSOR_LOOP_ROWS = 1  # rows timed for the element-by-element tensor loop (then extrapolated)

@@ -30,8 +30,8 @@ _PREVIOUS = """
 import json, sys, types
 pkg = types.ModuleType("sao_harness"); pkg.__path__ = [sys.argv[1]]; sys.modules["sao_harness"] = pkg
 sys.path.insert(0, sys.argv[1])
-from sao_harness.tasks.grade import default_client, grade, new_run_id
-from sao_harness.tasks.loaders import BUNDLED, load_tasks_lenient
+from sao_harness.tasks.grading.grade import default_client, grade, new_run_id
+from sao_harness.tasks.formats.loaders import BUNDLED, load_tasks_lenient
 tasks = {t.instance_id: t for t in load_tasks_lenient(str(BUNDLED))[0]}
 client = default_client()
 for line in sys.stdin:
@@ -81,13 +81,13 @@ def main() -> int:
     from sao_harness.envs.engine import ensure_engine
     from sao_harness.envs.images import ensure_base_image, image_exists
     from sao_harness.sao.config import load_config
-    from sao_harness.tasks import clean_run
-    from sao_harness.tasks.build import build_task_repo
-    from sao_harness.tasks.clean_run import RUNS
-    from sao_harness.tasks.grade import grade, new_run_id
-    from sao_harness.tasks.grade_status import GradeStatus
-    from sao_harness.tasks.hacks import hack_patch
-    from sao_harness.tasks.loaders import BUNDLED, load_task_repo, load_tasks_lenient
+    from sao_harness.tasks.formats.loaders import BUNDLED, load_task_repo, load_tasks_lenient
+    from sao_harness.tasks.grading import clean_run
+    from sao_harness.tasks.grading.clean_run import RUNS
+    from sao_harness.tasks.grading.grade import grade, new_run_id
+    from sao_harness.tasks.grading.grade_status import GradeStatus
+    from sao_harness.tasks.grading.hacks import hack_patch
+    from sao_harness.tasks.images.build import build_task_repo
     from tests.support.task_repos import make_task_repo
 
     t_start = time.monotonic()

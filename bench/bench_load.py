@@ -47,7 +47,7 @@ from sao_harness.harness.store import TraceStore
 from sao_harness.harness.tiny_model import ensure_tiny_model
 from sao_harness.harness.trace import Status
 from sao_harness.sao.config import load_config
-from sao_harness.tasks.loaders import load_tasks
+from sao_harness.tasks.formats.loaders import load_tasks
 
 SAMPLE_S = 0.25  # between two samples of fds and sandbox memory
 MIB = 1024 * 1024

@@ -34,7 +34,7 @@ def child(mode: str, length: int) -> None:
     import psutil
     import torch
 
-    from sao_harness.trainer.models import chunked_token_logprobs
+    from sao_harness.trainer.modeling.models import chunked_token_logprobs
 
     torch.manual_seed(0)
     hidden = (torch.randn(length, HIDDEN) * 0.1).requires_grad_()

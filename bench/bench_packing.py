@@ -5,12 +5,12 @@
 
 1. Tokens of a realistic batch: B = 128 episode lengths ~ LogNormal(log 16k, 1) clipped to
    [2k, 128k]. Padded: the micro-batches packing replaced (rows shortest first, each micro-batch
-   padded to its longest row, rows x longest <= the budget); packed: trainer.batch.micro_batches
+   padded to its longest row, rows x longest <= the budget); packed: trainer.algo.batch.micro_batches
    (real tokens only). Padding removed = 1 - packed / padded. Ranks (8): the most-loaded rank's
    tokens over the mean, by trajectory count (the old contiguous split) and by tokens
-   (trainer.distributed.split).
-2. Step time: forward + backward of the policy's action logprobs (trainer.models.policy_token_logprobs,
-   with the trainer's CPU attention, trainer.models.use_packed_attention "sdpa_packed": SDPA per trajectory)
+   (trainer.dist.distributed.split).
+2. Step time: forward + backward of the policy's action logprobs (trainer.modeling.models.policy_token_logprobs,
+   with the trainer's CPU attention, trainer.modeling.models.use_packed_attention "sdpa_packed": SDPA per trajectory)
    on the tiny model (harness.tiny_model), packed vs padded micro-batches of the same budget,
    alternated in this process, median of --repeats. On the lognormal batch scaled down 64x
    (synthetic tokens, a CPU-sized run), and on a demo run's trajectories: every trace store under
@@ -39,10 +39,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402  (after the environment above)
 
 from sao_harness.harness.trace import Segment, Trajectory  # noqa: E402
-from sao_harness.trainer.batch import TrajectoryBatch, build_batch, micro_batches, pack, pack_groups  # noqa: E402
+from sao_harness.trainer.algo.batch import TrajectoryBatch, build_batch, micro_batches, pack, pack_groups  # noqa: E402
 from sao_harness.trainer.config import TrainerConfig  # noqa: E402
-from sao_harness.trainer.distributed import split  # noqa: E402
-from sao_harness.trainer.models import policy_token_logprobs, use_packed_attention  # noqa: E402
+from sao_harness.trainer.dist.distributed import split  # noqa: E402
+from sao_harness.trainer.modeling.models import policy_token_logprobs, use_packed_attention  # noqa: E402
 
 SCALE = 64  # the timed lognormal batch: lengths / 64 (2k..128k -> 32..2k tokens), budget / 64
 

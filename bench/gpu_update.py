@@ -4,8 +4,8 @@ through the trainer's own code, at 8k, 32k, 64k and 128k tokens.
     models     random weights, built on the device, full width and vocabulary (151,936), 4 layers:
                a Qwen3-8B slice and a Qwen3-30B-A3B slice (128 experts, 8 routed)
     the path   SAOTrainer (fp32 masters, bf16 compute, activation checkpointing per layer), sharded by
-               trainer.distributed.shard (FSDP2, world 1 over NCCL, MixedPrecisionPolicy), the update's
-               packed micro-batches (trainer.batch.pack) and chunked logprobs (trainer.models)
+               trainer.dist.distributed.shard (FSDP2, world 1 over NCCL, MixedPrecisionPolicy), the update's
+               packed micro-batches (trainer.algo.batch.pack) and chunked logprobs (trainer.modeling.models)
     per size   tokens/s of the update, MFU (model FLOPs: 7 F for the value pass + critic step + policy
                step, F = 2 active params per token + causal attention, against the GPU's dense bf16 peak),
                peak GPU memory and the plan's estimate of it (trainer.gpu_plan), and the plan's memory per
@@ -17,7 +17,7 @@ through the trainer's own code, at 8k, 32k, 64k and 128k tokens.
     python bench/gpu_update.py --dry-run        the same code path on CPU (gloo), tiny shapes, seconds
 
 Trainer calls it depends on: TrainerConfig, SAOTrainer(policy, critic, config) and .update(trajectories),
-Critic.from_policy, trainer.distributed.DataParallel / free_port / shard, trainer.gpu_plan.
+Critic.from_policy, trainer.dist.distributed.DataParallel / free_port / shard, trainer.gpu_plan.
 """
 from __future__ import annotations
 
@@ -111,16 +111,16 @@ def human(n: float) -> str:
 def run_family(name: str, fields: dict, full_layers: int, args, dp) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM  # lazy: after the CUDA check (the skip is quick)
 
+    from sao_harness.trainer.algo.sao import SAOTrainer  # lazy: after the CUDA check
     from sao_harness.trainer.config import TrainerConfig  # lazy: after the CUDA check
-    from sao_harness.trainer.distributed import shard  # lazy: after the CUDA check
+    from sao_harness.trainer.dist.distributed import shard  # lazy: after the CUDA check
     from sao_harness.trainer.gpu_plan import (  # lazy: after the CUDA check
         Shapes,
         critic_params,
         param_counts,
         trainer_memory,
     )
-    from sao_harness.trainer.models import Critic  # lazy: after the CUDA check
-    from sao_harness.trainer.sao import SAOTrainer  # lazy: after the CUDA check
+    from sao_harness.trainer.modeling.models import Critic  # lazy: after the CUDA check
 
     device, dtype = dp.device, torch.bfloat16
     config = AutoConfig.for_model(**fields, max_position_embeddings=max(262144, max(args.sizes)),
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args.sizes = args.sizes or ([128, 256] if args.dry_run else [8192, 32768, 65536, 131072])
     args.trajectories = args.trajectories or (2 if args.dry_run else 1)
     args.chunk = args.chunk or (64 if args.dry_run else 4096)
-    from sao_harness.trainer.distributed import DataParallel, free_port  # lazy: after the CUDA check
+    from sao_harness.trainer.dist.distributed import DataParallel, free_port  # lazy: after the CUDA check
 
     device = "cpu" if args.dry_run else "cuda:0"
     if args.dry_run:

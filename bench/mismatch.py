@@ -31,10 +31,10 @@ from sao_harness.harness.engines.hf import HFEngine
 from sao_harness.harness.engines.protocol import SamplingParams
 from sao_harness.harness.engines.routes import NO_ROUTE, ROUTE_DTYPE
 from sao_harness.harness.trace import Segment, Trajectory
-from sao_harness.trainer.batch import build_batch, micro_batches, pack
+from sao_harness.trainer.algo.batch import build_batch, micro_batches, pack
+from sao_harness.trainer.algo.sao import SAOTrainer
 from sao_harness.trainer.config import TrainerConfig
-from sao_harness.trainer.precision import train_mode
-from sao_harness.trainer.sao import SAOTrainer
+from sao_harness.trainer.modeling.precision import train_mode
 from tests.support.vllm_testmodel import ensure_test_model
 
 

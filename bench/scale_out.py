@@ -27,7 +27,7 @@ from sao_harness.sao.config import load_config
 
 def throughput(root: Path, replicas: int, args) -> float:
     """Trajectories trained per minute in the steady state of one run."""
-    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.run.loop import train
 
     workers = replicas * args.workers_per_replica
     batch = max(4, workers // 2)
@@ -50,9 +50,9 @@ def publish_s_per_gb(transport: str, args) -> float:
     import ray
     import torch
 
-    from sao_harness.trainer.actors import EngineActor
-    from sao_harness.trainer.loop import _resolved
-    from sao_harness.trainer.weight_sync import make_weight_sync
+    from sao_harness.trainer.run.actors import EngineActor
+    from sao_harness.trainer.run.loop import _resolved
+    from sao_harness.trainer.run.weight_sync import make_weight_sync
 
     cfg = _resolved(load_config(ROOT / "configs/local.yaml", [
         f"model.cache_dir={ROOT / '.cache/sao'}", "trainer.env=simulated", "testbed.simulated.engine_s=0.01",
@@ -93,7 +93,7 @@ def main() -> int:
 
     import ray
 
-    from sao_harness.trainer.ray_utils import start_ray
+    from sao_harness.trainer.run.ray_utils import start_ray
 
     root = Path(tempfile.mkdtemp(prefix="sao-bench-scale-"))
     start_ray(None, log=print)

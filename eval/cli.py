@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sao_harness.core.errors import UserError
 from sao_harness.tasks.cli import IdsAction
-from sao_harness.tasks.grade_status import INFRA_FAILURES, GradeStatus
+from sao_harness.tasks.grading.grade_status import INFRA_FAILURES, GradeStatus
 
 
 def cmd_agent_eval(args) -> int:
@@ -69,7 +69,7 @@ def cmd_compare(args) -> int:
 
 def read_predictions(path: str, tasks_by_id: dict) -> tuple[list[dict], list[str]]:
     """(valid predictions, one error line per bad prediction line)."""
-    from sao_harness.tasks.guard import InvalidPatch, parse_patch  # lazy: keep sao --help fast
+    from sao_harness.tasks.grading.guard import InvalidPatch, parse_patch  # lazy: keep sao --help fast
 
     p = Path(path)
     if not p.is_file():
@@ -130,8 +130,8 @@ def cmd_grade(args) -> int:
         resolved_line,
         swebench_report,
     )
-    from sao_harness.tasks.grade import RUN_ID_RE, new_run_id  # lazy: keep sao --help fast
-    from sao_harness.tasks.loaders import load_tasks_lenient  # lazy: keep sao --help fast
+    from sao_harness.tasks.formats.loaders import load_tasks_lenient  # lazy: keep sao --help fast
+    from sao_harness.tasks.grading.grade import RUN_ID_RE, new_run_id  # lazy: keep sao --help fast
 
     cfg = args.cfg
     dataset = args.dataset or cfg.eval.dataset

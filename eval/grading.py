@@ -1,7 +1,7 @@
 """The one grading driver: predictions -> swebench verdicts, for `sao eval` and `sao eval grade`.
 
 ``grade_all(pairs, run_id=, client=, grading_cfg=, workers=, log_root=, on_result=)`` grades each (task, prediction)
-with ``tasks.grade.grade`` (the official verdict, and the guarded one with test-file changes stripped),
+with ``tasks.grading.grade.grade`` (the official verdict, and the guarded one with test-file changes stripped),
 ``eval.max_workers`` at a time, and calls ``on_result(i, n, result)`` as each one finishes.
 On top of it: ``grade_predictions`` (the resumable grading of `sao eval`, one line per verdict in
 ``grades.jsonl``), ``gold_preflight`` (the gold patches must resolve), ``swebench_report`` (swebench's
@@ -22,8 +22,8 @@ from sao_harness.core.errors import UserError
 from sao_harness.eval.paths import EvalPaths, JsonlLog, latest_by_instance, write_json
 from sao_harness.eval.report import dataset_of
 from sao_harness.tasks.config import GradingConfig
-from sao_harness.tasks.grade import LOG_ROOT, GradeResult, grade, new_run_id
-from sao_harness.tasks.grade_status import GradeStatus
+from sao_harness.tasks.grading.grade import LOG_ROOT, GradeResult, grade, new_run_id
+from sao_harness.tasks.grading.grade_status import GradeStatus
 
 
 def resolved_line(guarded: int, official: int, total: int) -> str:

@@ -1,7 +1,7 @@
 """Which model an evaluation runs, and the names it gets.
 
 ``resolve_policy(cfg) -> Policy`` reads ``eval.checkpoint``: None = ``model.path``; ``latest`` = the
-run's newest checkpoint (``trainer.checkpoint.resolve_checkpoint``); a trainer checkpoint dir (its
+run's newest checkpoint (``trainer.dist.checkpoint.resolve_checkpoint``); a trainer checkpoint dir (its
 ``policy/`` is loaded); a model dir (``config.json`` + a tokenizer); a Hugging Face model id.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sao_harness.core.errors import UserError
 from sao_harness.harness.tiny_model import resolve_model_path
-from sao_harness.trainer.checkpoint import POLICY_CONFIG, checkpoints_dir, resolve_checkpoint
+from sao_harness.trainer.dist.checkpoint import POLICY_CONFIG, checkpoints_dir, resolve_checkpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 

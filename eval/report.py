@@ -6,7 +6,7 @@ referenced. ``report.json`` holds the guarded verdict next to the official one, 
 infra failures (no verdict, never a 0), per-repository, per-difficulty and per-dataset tallies and
 one row per instance (resolved, turns, tokens, status, time, dataset, format). Rates are over every
 instance of the evaluation set (an instance without a verdict counts as not resolved, as in
-swebench's summary). A mixed source (several datasets, ``tasks.loaders.source_parts``) also gets a
+swebench's summary). A mixed source (several datasets, ``tasks.formats.loaders.source_parts``) also gets a
 "Per dataset" section: each dataset's resolved rates, formats and its own swebench summary JSON
 (``eval.grading.dataset_reports``).
 Plots (``plots/*.png``): turns per instance, tokens per instance, resolved by difficulty. The HTML
@@ -24,7 +24,7 @@ from pathlib import Path
 from sao_harness.core.errors import UserError
 from sao_harness.eval.paths import write_json
 from sao_harness.harness.trace import Status
-from sao_harness.tasks.grade_status import INFRA_FAILURES, GradeStatus
+from sao_harness.tasks.grading.grade_status import INFRA_FAILURES, GradeStatus
 
 DIFFICULTY_ORDER = ("easy", "medium", "hard")
 COLORS = {GradeStatus.RESOLVED: "#2e9d5b", GradeStatus.UNRESOLVED: "#8a94a6", GradeStatus.EMPTY: "#c9ced8",

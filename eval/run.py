@@ -35,14 +35,14 @@ from sao_harness.eval.paths import EvalPaths, JsonlLog, latest_by_instance, writ
 from sao_harness.eval.policy import Policy, eval_name, resolve_policy
 from sao_harness.eval.predict import predict
 from sao_harness.eval.report import write_report
-from sao_harness.tasks.images import prepare_task_images
-from sao_harness.tasks.loaders import (
+from sao_harness.tasks.formats.loaders import (
     _offline_flag,
     hub_unreachable_reason,
     is_local,
     load_tasks_lenient,
     resolve_task_repo,
 )
+from sao_harness.tasks.images.prepare import prepare_task_images
 from sao_harness.tasks.preflight import preflight
 
 FINGERPRINT = ("model_path", "dataset", "split", "sampling", "max_iterations", "context_budget", "guard")

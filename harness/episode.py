@@ -29,8 +29,8 @@ from sao_harness.harness.infra import error_kind
 from sao_harness.harness.prompts import instruction_for
 from sao_harness.harness.proxy import UnknownEpisode
 from sao_harness.harness.trace import GRADED, INFRA_KIND, Status, Trajectory
-from sao_harness.tasks.grade import grade
-from sao_harness.tasks.scrub import sandbox_image
+from sao_harness.tasks.grading.grade import grade
+from sao_harness.tasks.images.scrub import sandbox_image
 
 LIMIT_STATUS = {PatchTooLarge: Status.PATCH_TOO_LARGE, PatchUnavailable: Status.PATCH_UNAVAILABLE,
                 DiskLimitExceeded: Status.DISK_EXCEEDED}  # the agent's doing: reward 0
@@ -82,7 +82,7 @@ def run_episode(task, ctx: EpisodeContext, episode_id: str | None = None) -> Tra
                      labels={"sao-harness.task": task.instance_id}) as sb:
             timings["sandbox_wait_s"] = sb.start_wait_s  # for a start slot (sandbox.start_slots)
             timings["sandbox_start_s"] = time.monotonic() - t0 - sb.start_wait_s
-            if task.episode_setup:  # the dataset's own start of an episode (tasks.adapters: R2E-Gym hides its tests)
+            if task.episode_setup:  # the dataset's own episode start (tasks.formats.adapters: R2E-Gym hides tests)
                 sb.run(task.episode_setup, timeout_s=120, check=True)
             t0 = time.monotonic()
             agent_result = run_agent(

@@ -38,8 +38,8 @@ from sao_harness.harness.runner import episode_function, run_with_retries
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.tiny_model import resolve_model_path
 from sao_harness.harness.trace import Status, Trajectory
-from sao_harness.tasks.images import prepare_task_images
-from sao_harness.tasks.loaders import tasks_from_config
+from sao_harness.tasks.formats.loaders import tasks_from_config
+from sao_harness.tasks.images.prepare import prepare_task_images
 from sao_harness.tasks.preflight import preflight
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sao_harness.core.errors import UserError
-from sao_harness.tasks.loaders import tasks_from_config
+from sao_harness.tasks.formats.loaders import tasks_from_config
 from sao_harness.tasks.preflight import preflight
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def load_tasks(cfg, env: str, log=print) -> list[Task]:
 def swe_images(cfg, tasks: list[Task], log=print) -> list[Task]:
     """`swe`'s tasks with an image, their images built or present (from a task repo, never pulled)."""
     from sao_harness.envs.engine import ensure_engine  # lazy: docker-py; validating trainer.env needs none
-    from sao_harness.tasks.images import prepare_task_images  # lazy: docker-py and the image builder, as above
+    from sao_harness.tasks.images.prepare import prepare_task_images  # lazy: docker-py and the image builder, as above
 
     tasks = [t for t in tasks if t.image]
     if tasks:

@@ -23,8 +23,8 @@ from pathlib import Path
 from sao_harness.sao.config import dump_config
 from sao_harness.sao.demo_report import write_demo_report
 from sao_harness.sao.learn import Stages, _list, _pct, eval_resolved, fresh_dir
-from sao_harness.trainer.compare import summarize
-from sao_harness.trainer.metrics import read_metrics
+from sao_harness.trainer.report.compare import summarize
+from sao_harness.trainer.report.metrics import read_metrics
 
 POLICIES = ("base", "sft", "sao")
 
@@ -42,7 +42,7 @@ def headline(toy: dict, resolved: dict[str, dict]) -> str:
 
 
 def toy_summary(run_dir: Path) -> dict:
-    """``trainer.compare.summarize`` of the test-bed run ({} when it logged nothing)."""
+    """``trainer.report.compare.summarize`` of the test-bed run ({} when it logged nothing)."""
     if not (run_dir / "metrics.jsonl").is_file():
         return {}
     return summarize("toy", read_metrics(run_dir))

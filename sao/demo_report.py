@@ -16,8 +16,8 @@ from pathlib import Path
 
 from sao_harness.core.files import atomic_write_text
 from sao_harness.sao.learn_report import html_page, machine, stage_table
-from sao_harness.trainer.metrics import read_metrics
-from sao_harness.trainer.plots import moving_average
+from sao_harness.trainer.report.metrics import read_metrics
+from sao_harness.trainer.report.plots import moving_average
 
 # (run, metric, panel title, scale)
 CURVES = [("toy", "rollout/reward_mean", "test-bed: reward per SAO step", 1.0),

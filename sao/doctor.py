@@ -170,11 +170,11 @@ def hub_unreachable(kind: str, repo_id: str) -> str | None:
     """Why the Hugging Face hub cannot serve the ``kind`` (model | dataset) ``repo_id`` now; None: it can."""
     if kind == "dataset":
         # lazy: the loaders' own probe, with its offline flags
-        from sao_harness.tasks.loaders import hub_unreachable_reason
+        from sao_harness.tasks.formats.loaders import hub_unreachable_reason
 
         return hub_unreachable_reason(repo_id)
     # lazy: the model probe needs the loaders' offline flag and timeout
-    from sao_harness.tasks.loaders import HUB_PROBE_TIMEOUT_S, _offline_flag
+    from sao_harness.tasks.formats.loaders import HUB_PROBE_TIMEOUT_S, _offline_flag
 
     if _offline_flag():
         return "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set"
@@ -240,7 +240,7 @@ def check_tools(cfg) -> Check:
 def check_dataset(name: str, key: str, source: str, probe: Callable[[str, str], str | None] = hub_unreachable) -> Check:
     """Whether the task source ``source`` (config key ``key``) can be read here."""
     # lazy: the loaders only where a config names a source
-    from sao_harness.tasks.loaders import is_local, resolve_task_repo
+    from sao_harness.tasks.formats.loaders import is_local, resolve_task_repo
 
     repo = resolve_task_repo(source)
     if repo is not None:
@@ -263,7 +263,7 @@ def check_dataset(name: str, key: str, source: str, probe: Callable[[str, str], 
 def check_task_images(name: str, source: str, tasks, names: set[str] | None) -> Check:
     """Which images of ``tasks`` (from ``source``) are present; a task repo's are built by the run itself."""
     # lazy: the loaders only where a config names a source
-    from sao_harness.tasks.loaders import resolve_task_repo
+    from sao_harness.tasks.formats.loaders import resolve_task_repo
 
     if names is None:
         return Check(name, "--", "not checked: no Docker engine answers (above)")
@@ -387,7 +387,7 @@ def run_checks(cfg, *, client_for: Callable[[str], object] | None = None) -> lis
 
 def _images_of(name: str, source: str, split: str, adapter: str, instances, data: Check, names) -> Check:
     # lazy: the loaders only where a config names a source
-    from sao_harness.tasks.loaders import is_local, load_tasks_lenient, resolve_task_repo
+    from sao_harness.tasks.formats.loaders import is_local, load_tasks_lenient, resolve_task_repo
 
     if data.status == "FAIL":
         return Check(name, "--", "not checked: the data is not readable (above)")

@@ -31,7 +31,7 @@ from pathlib import Path
 from sao_harness.eval.paths import JsonlLog
 from sao_harness.sao.config import dump_config
 from sao_harness.sao.learn_report import VALUE_DIR, VALUE_STAGES, write_report
-from sao_harness.tasks.grade_status import INFRA_FAILURES, GradeStatus
+from sao_harness.tasks.grading.grade_status import INFRA_FAILURES, GradeStatus
 
 ARM_DIRS = {"sao": "sao", "grpo+dis": "grpo-dis", "grpo": "grpo"}
 ARM_OVERRIDES = {

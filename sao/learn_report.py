@@ -3,7 +3,7 @@
 Table: per policy (warm start, then each RL arm) resolved@1 on the training and the held-out tasks
 (resolved / graded), and for the arms what ran before their RL (the sao arm's value pretraining: its
 wall time, episodes and steps; a cost of SAO's, outside the equal RL time), their steps, trajectories
-and the training episodes' reward first5 -> last5 (``trainer.compare.summarize``). ``budgets`` says
+and the training episodes' reward first5 -> last5 (``trainer.report.compare.summarize``). ``budgets`` says
 what the machine-dependent budgets gave on this machine (SFT steps, value pretraining, RL steps).
 Curves of each arm against minutes of training:
 training episodes resolved (``rollout/reward_mean``: the reward is the guarded verdict), explained
@@ -19,10 +19,10 @@ import platform
 from pathlib import Path
 
 from sao_harness.core.files import atomic_write_text
-from sao_harness.tasks.grade_status import INFRA_FAILURES
-from sao_harness.trainer.compare import summarize
-from sao_harness.trainer.metrics import read_metrics
-from sao_harness.trainer.plots import moving_average
+from sao_harness.tasks.grading.grade_status import INFRA_FAILURES
+from sao_harness.trainer.report.compare import summarize
+from sao_harness.trainer.report.metrics import read_metrics
+from sao_harness.trainer.report.plots import moving_average
 
 CURVES = [("rollout/reward_mean", "training episodes resolved (reward)", 1.0),
           ("critic/explained_variance", "critic explained variance", 1.0),

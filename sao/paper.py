@@ -35,7 +35,7 @@ from sao_harness.sao.paper_arms import ALONE, ARMS, C1_ARMS, CLAIMS, ONLINE
 from sao_harness.sao.paper_claims import decide
 from sao_harness.sao.paper_report import summary_line, write_report
 from sao_harness.sao.paper_stats import REWARD, auc_reward, interval, series
-from sao_harness.trainer.metrics import read_metrics
+from sao_harness.trainer.report.metrics import read_metrics
 
 
 def arm_seeds(arm: str, seeds: int, c1_seeds: int) -> int:

@@ -19,7 +19,7 @@ from sao_harness.sao.learn_report import html_page, machine
 from sao_harness.sao.paper_arms import CLAIMS
 from sao_harness.sao.paper_claims import ClaimResult, counts, trajectories_per_minute
 from sao_harness.sao.paper_stats import EV, REWARD, interval, policy_steps, series
-from sao_harness.trainer.plots import moving_average
+from sao_harness.trainer.report.plots import moving_average
 
 SMOOTH = 5
 BARS = {"C6": ("mean reward over the run", lambda r: sum(series(r, REWARD)) / max(1, len(series(r, REWARD)))),

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sao_harness.trainer.plots import moving_average
+from sao_harness.trainer.report.plots import moving_average
 
 REWARD, EV = "rollout/reward_mean", "critic/explained_variance"
 FINAL_FRAC = 0.2

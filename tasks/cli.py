@@ -6,7 +6,7 @@
 - ``check [--task-repo DIR] [--only ID...]`` validation, then with Docker for every task: the image
   holds no commit after the base (HEAD == base_commit, reachable commits == ancestors of base), the
   gold patch resolves, an empty patch is ``empty``, the unpatched repo fails FAIL_TO_PASS, a wrong
-  patch is unresolved, and three reward hacks (``tasks.hacks``: a conftest hook, a root ``pytest.py``
+  patch is unresolved, and three reward hacks (``tasks.grading.hacks``: a conftest hook, a root ``pytest.py``
   that shadows pytest, package code that patches pytest's reports) are each resolved officially but
   given 0 by the guarded verdict. Per-task table + summary; exit 1 on any failure.
 - ``build --task-repo DIR [--only ID...] [--base-image IMG] [--force]`` offline, cached builds.
@@ -23,13 +23,13 @@ from sao_harness.core.errors import UserError
 from sao_harness.envs import images as envs_images
 from sao_harness.envs.engine import docker_client, ensure_engine
 from sao_harness.envs.images import image_exists
-from sao_harness.tasks.diffparse import file_changes
-from sao_harness.tasks.grade import grade, new_run_id, run_swebench
-from sao_harness.tasks.grade_sandbox import GradeLimits
-from sao_harness.tasks.grade_status import GradeStatus
-from sao_harness.tasks.guard import PYTEST_REF, SHADOW
-from sao_harness.tasks.hacks import hack_patch, package_init, package_patch, shadow_patch
-from sao_harness.tasks.loaders import load_tasks_lenient, resolve_task_repo
+from sao_harness.tasks.formats.loaders import load_tasks_lenient, resolve_task_repo
+from sao_harness.tasks.grading.diffparse import file_changes
+from sao_harness.tasks.grading.grade import grade, new_run_id, run_swebench
+from sao_harness.tasks.grading.grade_sandbox import GradeLimits
+from sao_harness.tasks.grading.grade_status import GradeStatus
+from sao_harness.tasks.grading.guard import PYTEST_REF, SHADOW
+from sao_harness.tasks.grading.hacks import hack_patch, package_init, package_patch, shadow_patch
 
 WRONG_PATCH_FILE = "sao_unrelated_change.txt"
 WRONG_PATCH = (f"diff --git a/{WRONG_PATCH_FILE} b/{WRONG_PATCH_FILE}\nnew file mode 100644\n"
@@ -122,7 +122,7 @@ def cmd_show(args) -> int:
 # --- build ---------------------------------------------------------------------------------
 def cmd_build(args) -> int:
     # lazy: keeps `sao --help` fast (the image stack)
-    from sao_harness.tasks.build import build_task_repo, resolve_base_image
+    from sao_harness.tasks.images.build import build_task_repo, resolve_base_image
 
     repo = resolve_task_repo(args.task_repo)
     if repo is None or not repo.is_dir():
@@ -286,7 +286,7 @@ def cmd_check(args) -> int:
     client = _client(args.cfg) if tasks else None
     if repo is not None and tasks:
         # lazy: keeps `sao --help` fast (the image stack)
-        from sao_harness.tasks.build import build_task_repo, resolve_base_image
+        from sao_harness.tasks.images.build import build_task_repo, resolve_base_image
 
         base = resolve_base_image(args.cfg, client, getattr(args, "base_image", None))
         print(f"images of {repo} (cached builds on {base}):")

@@ -27,7 +27,7 @@ class TasksConfig(Section):
 
 
 class GradingConfig(Section):
-    """How a patch is graded (tasks.grade): the reward of an episode and the verdict of `sao eval` alike."""
+    """How a patch is graded (tasks.grading.grade): the reward of an episode and the verdict of `sao eval` alike."""
 
     timeout_s: float = Field(1800.0, gt=0, description="seconds per swebench run (eval script); tests still "
                              "running past it are the patch's failure (unresolved, 0), a setup still running is "

@@ -8,7 +8,7 @@ what grading needs: ``image, eval_script, log_parser, eval_type``. ``FAIL_TO_PAS
 A task without ``image``/``eval_script``/``log_parser``/``eval_type`` is still loadable (an agent can
 read it) but not gradable here: ``Task.grading_gaps()`` says what is missing and, from the adapter's
 notes (``"<field>: why"``), why; ``Task.require_gradable()`` raises it as one line naming the row and
-the first missing field. ``Task.adapter`` names the adapter that mapped the row (``tasks.adapters``).
+the first missing field. ``Task.adapter`` names the adapter that mapped the row (``tasks.formats.adapters``).
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class Task:
     episode_setup: str | None = None  # bash run in the sandbox before the agent starts (R2E-Gym hides its tests)
     extra: dict[str, Any] = field(default_factory=dict)  # every other column, kept verbatim
     notes: list[str] = field(default_factory=list)  # what an adapter could not map ("<field>: why")
-    adapter: str | None = None  # the adapter that mapped the row (tasks.adapters)
+    adapter: str | None = None  # the adapter that mapped the row (tasks.formats.adapters)
     source: str | None = None  # the task source it was loaded from (one part of a mixed tasks.source)
 
     @property

@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from sao_harness.core.errors import UserError
-from sao_harness.tasks.loaders import resolve_task_repo
+from sao_harness.tasks.formats.loaders import resolve_task_repo
 from sao_harness.tasks.model import Task, TaskError
 
 EXAMPLES = 3
@@ -69,7 +69,7 @@ def image_check(cfg, source: str, *, pull: bool = False) -> Callable[[Task], str
     # lazy: docker-py and httpx are heavy; only a run that grades needs them
     from sao_harness.envs.engine import ensure_engine
     from sao_harness.envs.images import image_exists
-    from sao_harness.tasks.images import registry_unreachable_reason
+    from sao_harness.tasks.images.prepare import registry_unreachable_reason
 
     client = ensure_engine(cfg.docker)
     present: dict[str, bool] = {}

@@ -46,13 +46,13 @@ def register(sub, add_config_args):
 
 
 def cmd_images_pull(args) -> int:
-    from sao_harness.trainer.images import cmd_pull  # lazy: keeps `sao --help` fast (docker-py, Ray)
+    from sao_harness.trainer.run.images import cmd_pull  # lazy: keeps `sao --help` fast (docker-py, Ray)
 
     return cmd_pull(args)
 
 
 def cmd_images_save(args) -> int:
-    from sao_harness.tasks.images import cmd_save  # lazy: keeps `sao --help` fast (docker-py)
+    from sao_harness.tasks.images.prepare import cmd_save  # lazy: keeps `sao --help` fast (docker-py)
 
     return cmd_save(args)
 
@@ -65,8 +65,8 @@ def cmd_train(args) -> int:
     # once, before torch loads and the first episode (swe: pre-flighted)
     tasks = load_tasks(args.cfg, args.cfg.trainer.env, log=_log)
     # lazy: keep `sao --help` fast (torch)
-    from sao_harness.trainer.loop import train
-    from sao_harness.trainer.ray_utils import LoopError
+    from sao_harness.trainer.run.loop import train
+    from sao_harness.trainer.run.ray_utils import LoopError
 
     try:
         train(args.cfg, tasks, log=_log)
@@ -78,27 +78,27 @@ def cmd_train(args) -> int:
 
 def cmd_value_pretrain(args) -> int:
     # lazy: keep `sao --help` fast
-    from sao_harness.trainer.value_pretrain import cmd_value_pretrain as run
+    from sao_harness.trainer.warm.value_pretrain import cmd_value_pretrain as run
 
     return run(args)
 
 
 def cmd_sft(args) -> int:
     # lazy: keep `sao --help` fast
-    from sao_harness.trainer.sft import cmd_sft as run
+    from sao_harness.trainer.warm.sft import cmd_sft as run
 
     return run(args)
 
 
 def cmd_runs_plot(args) -> int:
     # lazy: keep `sao --help` fast
-    from sao_harness.trainer.plots import cmd_runs_plot as run
+    from sao_harness.trainer.report.plots import cmd_runs_plot as run
 
     return run(args)
 
 
 def cmd_runs_compare(args) -> int:
     # lazy: keep `sao --help` fast
-    from sao_harness.trainer.compare import cmd_runs_compare as run
+    from sao_harness.trainer.report.compare import cmd_runs_compare as run
 
     return run(args)

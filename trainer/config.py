@@ -18,7 +18,7 @@ from sao_harness.harness.runner import check_env
 class TrainerConfig(Section):
     """`sao train`: the loop, the advantage estimator, the policy loss, the critic and the optimisers."""
 
-    # the training loop (trainer.loop)
+    # the training loop (trainer.run.loop)
     mode: Literal["async", "sync"] = Field("async", description="async: SAO single rollouts; sync: a group "
                                            "barrier per task (GRPO)")
     batch_size: int = Field(128, gt=0, description="trajectories per policy step [paper]")
@@ -112,10 +112,10 @@ class TrainerConfig(Section):
                                                         "off = the trainer's own routing (the agreement is still "
                                                         "measured)")
     attn_impl: Literal["auto", "sdpa_packed", "flex", "flash_varlen"] = Field(
-        "auto", description="attention on packed micro-batches (trainer.models.use_packed_attention): sdpa_packed = "
-        "SDPA per trajectory (a Python loop); flex = one FlexAttention kernel under a document block mask (no "
-        "backward on CPU); flash_varlen = flash-attention's varlen kernel (CUDA and the flash_attn package); auto = "
-        "flash_varlen on CUDA with flash_attn, else flex on CUDA, sdpa_packed on CPU")
+        "auto", description="attention on packed micro-batches (trainer.modeling.models.use_packed_attention): "
+        "sdpa_packed = SDPA per trajectory (a Python loop); flex = one FlexAttention kernel under a document "
+        "block mask (no backward on CPU); flash_varlen = flash-attention's varlen kernel (CUDA and the flash_attn "
+        "package); auto = flash_varlen on CUDA with flash_attn, else flex on CUDA, sdpa_packed on CPU")
     max_tokens_per_microbatch: int = Field(32_768, gt=0, description="tokens per forward/backward micro-batch: "
                                            "whole trajectories packed end to end, no padding (a longer "
                                            "trajectory is a micro-batch of its own)")
@@ -185,7 +185,7 @@ class RuntimeConfig(Section):
     of the loop, the checkpoints kept."""
 
     ray_address: str | None = Field(None, description="address of a Ray cluster; null = start a local Ray")
-    world_size: int = Field(1, gt=0, description="data-parallel trainer processes (FSDP2, trainer.distributed): "
+    world_size: int = Field(1, gt=0, description="data-parallel trainer processes (FSDP2, trainer.dist.distributed): "
                             "gloo on CPU, NCCL on GPU; Ray places them over the cluster's nodes")
     device: str = Field("cpu", description="torch device of the policy and critic master weights and of "
                         "every training pass (\"cpu\", \"cuda\", \"cuda:1\", ...); forward passes run in "

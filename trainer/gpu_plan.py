@@ -120,7 +120,7 @@ def total_params(counts: dict[str, int]) -> int:
 
 def critic_params(counts: dict[str, int], s: Shapes, freeze: str = "attention", norms: bool = True,
                   router: bool = True, embeddings: bool = True) -> tuple[int, int]:
-    """(trained, frozen) parameters of the critic (trainer.models.Critic with critic_freeze_patterns)."""
+    """(trained, frozen) parameters of the critic (trainer.modeling.models.Critic with critic_freeze_patterns)."""
     total = total_params(counts) - counts["lm_head"] + s.hidden + 1
     frozen = 0
     if freeze == "attention":

@@ -17,7 +17,7 @@ from sao_harness.harness.engines.protocol import EngineError
 from sao_harness.harness.engines.scripted_policy import ScriptedPolicyEngine
 from sao_harness.harness.expert import expert_replies, image_file_reader
 from sao_harness.harness.tiny_model import resolve_model_path
-from sao_harness.tasks.loaders import tasks_from_config
+from sao_harness.tasks.formats.loaders import tasks_from_config
 
 
 def tool_format_in_force(tokenizer, proxy_cfg) -> str | None:

@@ -21,7 +21,7 @@ NOT_PRODUCT = ("suite", "bundled")  # tasks/suite, tasks/bundled: the task repos
 # Reads still to move, each with what its fix is: (file, section) -> why. An entry that no longer occurs fails.
 PENDING = {
     ("harness/engines/vllm.py", "runtime"): "VLLMEngine.from_config reads runtime.weight_bucket_mb: the engine "
-                                            "actor (trainer.actors) should pass bucket_bytes",
+                                            "actor (trainer.run.actors) should pass bucket_bytes",
 }
 
 

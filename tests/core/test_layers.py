@@ -216,5 +216,5 @@ def test_every_import_goes_through_the_namespace(tmp_path):
     files = [p for d in (*PACKAGES, "tests", "bench", "scripts") for p in sorted((ROOT / d).rglob("*.py"))
              if not {"suite", "bundled", "__pycache__"} & set(p.parts)]
     assert len(files) > 200 and not bare_imports(files), "\n".join(bare_imports(files))
-    (tmp_path / "m.py").write_text("import os\nfrom sao_harness.core import files\nfrom trainer.gae import gae\n")
-    assert bare_imports([tmp_path / "m.py"]) == [f"{tmp_path / 'm.py'}:3: trainer.gae"]  # power: one is found
+    (tmp_path / "m.py").write_text("import os\nfrom sao_harness.core import files\nfrom trainer.algo.gae import gae\n")
+    assert bare_imports([tmp_path / "m.py"]) == [f"{tmp_path / 'm.py'}:3: trainer.algo.gae"]  # power: one is found

@@ -25,7 +25,7 @@ def test_hard_cap_is_the_budget_on_btrfs_and_absent_elsewhere():
 
 
 def test_grading_containers_get_the_cap_from_the_sandbox_budget():
-    from sao_harness.tasks.grade_sandbox import GradeLimits, hardened_kwargs
+    from sao_harness.tasks.grading.grade_sandbox import GradeLimits, hardened_kwargs
 
     limits = GradeLimits.from_config(SandboxConfig(disk_bytes="1g"))
     assert limits.disk_bytes == 1 << 30

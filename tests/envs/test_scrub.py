@@ -232,8 +232,8 @@ BUNDLED_ID = "sao-harness__minicfg-11"
 def images(docker_engine):
     """(bundled task, its verified image, an image built FROM it with later history: every label inherited)."""
     from sao_harness.sao.config import load_config
-    from sao_harness.tasks.images import build_repo_images
-    from sao_harness.tasks.loaders import BUNDLED, load_tasks
+    from sao_harness.tasks.formats.loaders import BUNDLED, load_tasks
+    from sao_harness.tasks.images.prepare import build_repo_images
 
     (task,) = load_tasks("bundled", instances=[BUNDLED_ID])
     build_repo_images(load_config("configs/local.yaml"), docker_engine, BUNDLED, [task], log=lambda *_: None)
@@ -287,7 +287,7 @@ AGENT = {"log": "git log --all --format='%H %s'", "show": "git show @FUTURE; ech
 
 def test_an_agent_finds_nothing_after_base_in_a_scrubbed_sandbox(images, docker_engine, test_run_id, tmp_path,
                                                                 monkeypatch):
-    from sao_harness.tasks.scrub import history_verified
+    from sao_harness.tasks.images.scrub import history_verified
 
     task, _, attack = images
     attacked = dataclasses.replace(task, image=attack)  # the bundled task's id and labels, not its image
@@ -342,7 +342,7 @@ def test_the_scrubbed_image_is_made_once_per_node_and_a_forged_one_is_not_truste
     assert docker_engine.images.get(f"{SCRUBBED_REPOSITORY}:{key}").labels[KEY_LABEL] == key
     # `sao images pull` makes the copy ahead (tasks.images.scrub_images): the first sandbox scrubs nothing
     from sao_harness.sao.config import load_config
-    from sao_harness.tasks.images import scrub_images
+    from sao_harness.tasks.images.prepare import scrub_images
 
     forget_scrubbed(docker_engine, attack)
     made = scrub_images(load_config("configs/local.yaml"), docker_engine, [attacked], progress=False,
@@ -361,7 +361,7 @@ def test_a_scrub_failure_is_an_infra_error_never_a_reward(images, test_run_id, t
 
 
 def test_the_verified_build_of_a_bundled_task_is_spared(images, docker_engine, test_run_id, tmp_path, monkeypatch):
-    from sao_harness.tasks.scrub import history_verified, scrub_needed
+    from sao_harness.tasks.images.scrub import history_verified, scrub_needed
 
     task, verified, attack = images
     traj, seen = episode(task, test_run_id, tmp_path, {"head": "git rev-parse HEAD"}, monkeypatch)

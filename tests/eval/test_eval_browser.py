@@ -19,7 +19,7 @@ def chromium():
 
 @pytest.mark.slow  # headless chromium
 def test_html_report_renders_tables_and_plots(tmp_path, chromium):
-    from sao_harness.tasks.loaders import load_tasks
+    from sao_harness.tasks.formats.loaders import load_tasks
     from tests.support.browser import image_stats, screenshot
 
     tasks = {t.instance_id: t for t in load_tasks("bundled", instances=units.IDS)}

@@ -15,7 +15,7 @@ import pytest
 
 from sao_harness.harness.trace import Status
 from sao_harness.sao.cli import main
-from sao_harness.tasks.grade_status import INFRA_FAILURES
+from sao_harness.tasks.grading.grade_status import INFRA_FAILURES
 
 pytestmark = pytest.mark.docker
 
@@ -43,7 +43,7 @@ def config(tmp_path, *overrides):
 
 
 def tasks_of(ids):
-    from sao_harness.tasks.loaders import load_tasks
+    from sao_harness.tasks.formats.loaders import load_tasks
 
     return load_tasks("bundled", instances=list(ids))
 
@@ -219,7 +219,7 @@ def test_missing_task_images_are_built_before_the_episodes(tmp_path, client, tok
     (repo / "tasks" / iid / "task.yaml").write_text(yaml.safe_dump(meta))
     cfg = config(tmp_path, f"eval.dataset={repo}")
     try:
-        from sao_harness.tasks.loaders import load_tasks
+        from sao_harness.tasks.formats.loaders import load_tasks
 
         with Served(empty_engine(tokenizer, load_tasks(str(repo))), cfg) as s:
             out = run_eval(cfg, engine=s.engine, proxy=s.proxy)

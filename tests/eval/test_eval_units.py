@@ -11,7 +11,7 @@ import pytest
 from sao_harness.core.errors import UserError
 from sao_harness.harness.trace import Status
 from sao_harness.sao.cli import main
-from sao_harness.tasks.grade_status import INFRA_FAILURES
+from sao_harness.tasks.grading.grade_status import INFRA_FAILURES
 from tests.support.eval_data import IDS, synthetic_eval
 
 
@@ -23,7 +23,7 @@ def cli(capsys, *argv) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def bundled():
-    from sao_harness.tasks.loaders import load_tasks
+    from sao_harness.tasks.formats.loaders import load_tasks
 
     return {t.instance_id: t for t in load_tasks("bundled", instances=IDS)}
 
@@ -107,7 +107,7 @@ def test_resolve_policy(tmp_path):
 def test_resolve_checkpoint_one_rule_for_resume_and_eval(tmp_path):
     """`latest`: the pointer when the checkpoint it names holds what the caller reads, else the highest
     step (numerically) that does; trainer resume needs state.json, eval and the demo policy/config.json."""
-    from sao_harness.trainer.checkpoint import (
+    from sao_harness.trainer.dist.checkpoint import (
         POLICY_CONFIG,
         STATE,
         latest_checkpoint,
@@ -272,7 +272,7 @@ def test_a_mixed_source_is_reported_per_dataset(tmp_path):
     for one dataset, plus each dataset's resolved rates and its own swebench summary (synthetic verdicts)."""
     from sao_harness.eval.grading import dataset_reports
     from sao_harness.eval.report import write_report
-    from sao_harness.tasks.loaders import load_tasks_lenient
+    from sao_harness.tasks.formats.loaders import load_tasks_lenient
 
     fixtures = Path(__file__).parent.parent / "tasks" / "fixtures" / "datasets"
     gym, rebench = str(fixtures / "swe_gym.jsonl"), str(fixtures / "swe_rebench.jsonl")

@@ -65,7 +65,7 @@ def test_docker_clients_pool_at_least_one_connection_per_rollout_worker(monkeypa
 
 
 def test_the_graders_client_is_made_anew_when_the_pool_grew(monkeypatch, pool):
-    from sao_harness.tasks import grade
+    from sao_harness.tasks.grading import grade
 
     class Client:
         def __init__(self):

@@ -64,7 +64,7 @@ def test_make_engine_by_kind(tok):
 
 def test_make_engine_expert_replies_by_task_and_turn(tok):
     from sao_harness.harness.engines.expert import ExpertEngine
-    from sao_harness.tasks.loaders import load_tasks
+    from sao_harness.tasks.formats.loaders import load_tasks
 
     cfg = load_config(None, ["engine.kind=expert", f"model.cache_dir={REPO / '.cache' / 'sao'}"])
     [task] = load_tasks("bundled", instances=["sao-harness__minicfg-8"])

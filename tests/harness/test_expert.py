@@ -18,7 +18,7 @@ from sao_harness.harness.engines.scripted_policy import gold_replies
 from sao_harness.harness.expert import expert_replies, minimal_edits
 from sao_harness.harness.proxy.parsers import write_hermes
 from sao_harness.harness.trace import Status
-from sao_harness.tasks.loaders import load_tasks
+from sao_harness.tasks.formats.loaders import load_tasks
 
 TASKS = ["sao-harness__minicfg-8", "sao-harness__spanlib-8", "sao-harness__tablefmt-9"]
 

@@ -25,7 +25,7 @@ from sao_harness.harness.proxy import ProxyServer
 from sao_harness.harness.proxy.parsers import TOOL_PARSERS, TOOL_WRITERS, prompt_calls
 from sao_harness.harness.trace import Status
 from sao_harness.sao.config import load_config
-from sao_harness.tasks.loaders import load_tasks
+from sao_harness.tasks.formats.loaders import load_tasks
 from tests.harness.template_families import FAMILIES
 from tests.support.proxy import Spy
 

@@ -20,9 +20,9 @@ from sao_harness.harness.rollout import run_rollout
 from sao_harness.harness.store import TraceStore, TraceWriteError
 from sao_harness.harness.trace import Status, Trajectory
 from sao_harness.sao.config import load_config
-from sao_harness.trainer.actors import TaskFeed
-from sao_harness.trainer.queue import Counters, TraceQueue, take_async
-from sao_harness.trainer.workers import WorkerPool
+from sao_harness.trainer.run.actors import TaskFeed
+from sao_harness.trainer.run.queue import Counters, TraceQueue, take_async
+from sao_harness.trainer.run.workers import WorkerPool
 from tests.support.rollout_stub import stub_rollout
 from tests.support.traces import make_traj
 

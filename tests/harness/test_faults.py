@@ -35,7 +35,7 @@ def ray_session():
     """One local Ray for the module's `sao train` runs (train() keeps a session it did not start)."""
     import ray
 
-    from sao_harness.trainer.ray_utils import start_ray
+    from sao_harness.trainer.run.ray_utils import start_ray
 
     started = start_ray(None, log=lambda m: None)
     yield

@@ -18,7 +18,7 @@ from sao_harness.harness.runner import run_with_retries
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import INFRA_KIND, Status, Trajectory
 from sao_harness.sao.config import load_config
-from sao_harness.tasks.grade_status import GradeStatus
+from sao_harness.tasks.grading.grade_status import GradeStatus
 from tests.support.rollout_stub import stub_rollout
 
 

@@ -20,7 +20,7 @@ from sao_harness.harness.runner import episode_function, run_with_retries
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Status, Trajectory
 from sao_harness.sao.config import load_config
-from sao_harness.tasks.loaders import load_tasks
+from sao_harness.tasks.formats.loaders import load_tasks
 
 pytestmark = pytest.mark.docker
 

@@ -30,8 +30,8 @@ from sao_harness.harness.proxy.template import ChatTemplate
 from sao_harness.harness.store import TraceStore, read_shard
 from sao_harness.harness.trace import Status
 from sao_harness.sao.config import load_config
-from sao_harness.trainer.batch import build_batch
-from sao_harness.trainer.models import policy_token_logprobs
+from sao_harness.trainer.algo.batch import build_batch
+from sao_harness.trainer.modeling.models import policy_token_logprobs
 from tests.harness.template_families import FAMILIES, TEMPLATES
 from tests.support.proxy import Spy, start_sao_serve
 
@@ -232,7 +232,7 @@ def test_openhands_expert_episode_resolves_with_the_qwen3_template(docker_engine
     from sao_harness.harness.engines.expert import ExpertEngine
     from sao_harness.harness.expert import image_file_reader
     from sao_harness.harness.rollout import run_rollout
-    from sao_harness.tasks.loaders import load_tasks
+    from sao_harness.tasks.formats.loaders import load_tasks
 
     path = FAMILIES["qwen3"].model_dir()
     tok = AutoTokenizer.from_pretrained(path)

@@ -125,7 +125,7 @@ def test_start_policy_refuses_before_the_engine_starts(tiny_model_dir, tmp_path,
 def test_train_and_eval_refuse_it_before_their_own_preflight(tiny_model_dir, tmp_path, capsys, monkeypatch):
     from sao_harness.sao.cli import main
 
-    monkeypatch.setitem(sys.modules, "sao_harness.trainer.loop", types.SimpleNamespace(
+    monkeypatch.setitem(sys.modules, "sao_harness.trainer.run.loop", types.SimpleNamespace(
         LoopError=RuntimeError, train=lambda cfg, log: pytest.fail("training started")))
     import sao_harness.eval.run as eval_run
 

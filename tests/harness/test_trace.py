@@ -101,7 +101,7 @@ def test_an_unknown_status_fails_naming_the_trajectory_and_the_value(tmp_path):
 
 
 NEEDLE = "\x22infra"  # a double quote, then infra (spelt so that this file passes its own check)
-ENUM_FILES = {"harness/trace.py", "tasks/grade_status.py"}  # Status, GradeStatus and their named constants
+ENUM_FILES = {"harness/trace.py", "tasks/grading/grade_status.py"}  # Status, GradeStatus and their named constants
 DEFINITION = re.compile(r"\s*[A-Z][A-Z_]* = \x22infra")  # a member or a constant, defined
 
 

@@ -7,7 +7,7 @@ from sao_harness.sao import demo
 from sao_harness.sao.config import load_config
 from sao_harness.sao.demo import headline
 from sao_harness.sao.demo_report import panels, write_demo_report
-from sao_harness.tasks.grade_status import INFRA_FAILURES
+from sao_harness.tasks.grading.grade_status import INFRA_FAILURES
 
 LINE = re.compile(r"^demo: toy reward (\d+\.\d\d) -> (\d+\.\d\d) \(EV (-?\d+\.\d\d)\), resolved base (\d+)% -> "
                   r"sft (\d+)% -> sao (\d+)% \((\d+) episodes\)$")

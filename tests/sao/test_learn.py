@@ -9,7 +9,7 @@ from sao_harness.sao import learn
 from sao_harness.sao.config import load_config
 from sao_harness.sao.learn import ARM_OVERRIDES, WARM, eval_resolved, headline
 from sao_harness.sao.learn_report import write_report
-from sao_harness.tasks.grade_status import INFRA_FAILURES, GradeStatus
+from sao_harness.tasks.grading.grade_status import INFRA_FAILURES, GradeStatus
 
 LINE = re.compile(r"^learn: sao (\d+)% -> (\d+)%, grpo\+dis (\d+)% -> (\d+)%, grpo (\d+)% -> (\d+)% "
                   r"\(resolved@1, T=1, training tasks\)$")

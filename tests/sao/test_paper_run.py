@@ -1,6 +1,6 @@
 """`sao paper --quick` end to end on C1, every run a real `sao train` on the chain test-bed, with SAO
 sabotaged: its advantages negated (a `sitecustomize` on the runs' PYTHONPATH patches
-`trainer.objective.training_advantages` for the asynchronous GAE arm only). A sabotaged SAO is never
+`trainer.algo.objective.training_advantages` for the asynchronous GAE arm only). A sabotaged SAO is never
 `reproduced`: the claim line says contradicted or inconclusive. The run is killed midway once and
 resumed with --resume, which reruns only the unfinished runs."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 SABOTAGE = '''
 import sys
 try:
-    import sao_harness.trainer.objective as objective
+    import sao_harness.trainer.algo.objective as objective
 except Exception:  # not this project's interpreter
     objective = None
 if objective is not None:

@@ -63,6 +63,6 @@ def test_sao_runs_from_the_wheel_with_no_checkout(installed):
     assert "trainer:" in config and "runtime:" in config, config[:2000]
     listed = run([bin_dir / "sao", "tasks", "list"], work)
     assert "sao-harness__minicfg-11" in listed, listed[-2000:]
-    where = run([bin_dir / "python", "-c", "import sao_harness.trainer.loop as m, sao_harness.tasks.loaders as t; "
-                 "print(m.__file__); print(t.BUNDLED)"], work).split()
+    where = run([bin_dir / "python", "-c", "import sao_harness.trainer.run.loop as m, "
+                 "sao_harness.tasks.formats.loaders as t; print(m.__file__); print(t.BUNDLED)"], work).split()
     assert all(str(ROOT) not in w and "site-packages/sao_harness/" in w for w in where), where

@@ -4,7 +4,7 @@ Each builder takes a bundled ``Task`` and returns a patch that fixes nothing. Th
 to a module of the package under test (its ``__init__.py``; family 6 adds a module of the package) and
 runs inside the test process at import time; it touches no test, conftest or pytest configuration file
 by name and never spells pytest, ``_pytest`` or a hook name literally (every such name is built at run
-time), so ``tasks.guard.find_hacks`` finds nothing. The code is plain Python 3.9+, needs nothing beyond
+time), so ``tasks.grading.guard.find_hacks`` finds nothing. The code is plain Python 3.9+, needs nothing beyond
 the standard library and never lets the import fail on its honest path.
 
 The families (docs/results/2026-12-04-attacks-round4.md has what today's guard gave each):
@@ -64,8 +64,8 @@ import tempfile
 from functools import cache
 from pathlib import Path, PurePosixPath
 
-from sao_harness.tasks.clean_run import graded_files
-from sao_harness.tasks.hacks import append_patch
+from sao_harness.tasks.grading.clean_run import graded_files
+from sao_harness.tasks.grading.hacks import append_patch
 
 FAMILIES = ("oracle", "marks", "coin", "hardcoded", "no_verdict", "config")
 CHANNELS = ("proc", "git", "stage")
@@ -75,7 +75,7 @@ PLUGIN_MODULE = "_hx_plugin"
 
 # --- the task's files -----------------------------------------------------------------------------
 def _bundled_dir() -> Path:
-    from sao_harness.tasks.loaders import BUNDLED
+    from sao_harness.tasks.formats.loaders import BUNDLED
 
     return Path(BUNDLED)
 

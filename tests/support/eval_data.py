@@ -5,7 +5,7 @@ from pathlib import Path
 
 from sao_harness.eval.report import write_report
 from sao_harness.harness.trace import Status
-from sao_harness.tasks.grade_status import GradeStatus
+from sao_harness.tasks.grading.grade_status import GradeStatus
 
 IDS = ["sao-harness__minicfg-11", "sao-harness__semverkit-31", "sao-harness__spanlib-24", "sao-harness__tablefmt-9"]
 

@@ -6,7 +6,7 @@ it, and the task's image where the format's adapter will look for it:
 - ``swebench``: the row as SWE-bench's 5.x export carries it (its own ``eval_script``, image name);
 - ``swe-gym``: SWE-bench columns without ``environment_setup_commit`` or grading columns; the image
   tagged ``xingyaoww/sweb.eval.x86_64.<id, __ -> _s_>``; the repo's test command must be in
-  ``tasks.specs.SWE_GYM`` (``SWE_GYM_SPEC``, as SWE-Gym's harness has one per repo);
+  ``tasks.formats.specs.SWE_GYM`` (``SWE_GYM_SPEC``, as SWE-Gym's harness has one per repo);
 - ``swe-rebench``: ``install_config`` (``test_cmd``, ``log_parser``) and ``docker_image``, tagged;
 - ``swe-smith``: built from the task's image, SWE-smith's layout: the graded tests in the repository
   and the bug on the instance's branch at ``base_commit`` (the base commit plus the test patch, one
@@ -33,8 +33,8 @@ import tarfile
 from unidiff import PatchSet
 
 from sao_harness.envs.images import read_image_file
-from sao_harness.tasks.adapters import r2e_key, reverse_patch, swe_gym_image
-from sao_harness.tasks.evalscript import test_files
+from sao_harness.tasks.formats.adapters import r2e_key, reverse_patch, swe_gym_image
+from sao_harness.tasks.formats.evalscript import test_files
 from sao_harness.tasks.model import Task
 
 GRADING = ("eval_script", "log_parser", "eval_type", "image")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import random
 
-from sao_harness.tasks.diffparse import file_changes
-from sao_harness.tasks.hacks import PACKAGE_BODY, SHADOW_BODY, append_patch, hack_patch
+from sao_harness.tasks.grading.diffparse import file_changes
+from sao_harness.tasks.grading.hacks import PACKAGE_BODY, SHADOW_BODY, append_patch, hack_patch
 
 HOOK = "def pytest_runtest_makereport(item, call):\n    pass\n"
 REFERENCES = [

@@ -7,9 +7,9 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from sao_harness.harness.trace import Segment, Trajectory
+from sao_harness.trainer.algo.sao import SAOTrainer
 from sao_harness.trainer.config import TrainerConfig
-from sao_harness.trainer.models import Critic
-from sao_harness.trainer.sao import SAOTrainer
+from sao_harness.trainer.modeling.models import Critic
 
 VOCAB = 512
 

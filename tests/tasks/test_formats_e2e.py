@@ -5,7 +5,7 @@ image that format expects (``tests.support.formats``: tagged, or for SWE-smith a
 their layout), written to a jsonl, loaded with ``tasks.adapter: auto`` (the adapter writes the eval the
 way the format does), passed through the pre-flight check, and run through ``run_episode`` with the
 expert engine: the sandbox, the OpenHands agent, the proxy, then the official and the guarded grade.
-R2E-Gym's guarded grade finds its held-out tests in ``/r2e_tests`` (``tasks.clean_run``): a patch that
+R2E-Gym's guarded grade finds its held-out tests in ``/r2e_tests`` (``tasks.grading.clean_run``): a patch that
 reads the tests to return what they expect is resolved officially and gets 0.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 import pytest
 
 from sao_harness.harness.trace import Status
-from sao_harness.tasks import specs
-from sao_harness.tasks.loaders import BUNDLED, load_tasks, tasks_from_config
+from sao_harness.tasks.formats import specs
+from sao_harness.tasks.formats.loaders import BUNDLED, load_tasks, tasks_from_config
 from tests.support.formats import FORMATS, SWE_GYM_SPEC, as_r2e_gym, with_gold
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -34,7 +34,7 @@ CASES = {  # format -> (bundled task, the image name the format's adapter gives 
 def bundled(docker_engine):
     """The bundled tasks of CASES, their images built (cached by recipe)."""
     from sao_harness.sao.config import load_config
-    from sao_harness.tasks.images import build_repo_images
+    from sao_harness.tasks.images.prepare import build_repo_images
 
     tasks = {t.instance_id: t for t in load_tasks("bundled", instances=[iid for iid, _ in CASES.values()])}
     build_repo_images(load_config("configs/local.yaml"), docker_engine, BUNDLED, list(tasks.values()),
@@ -118,7 +118,7 @@ def test_r2e_gym_guarded_grade_runs_the_held_out_tests_and_catches_a_test_aware_
     """The clean run reads /r2e_tests from the image, grades R2E-Gym's ids (``test_x``, no file) by their
     node ids, and mutates them there: gold passes every test and fails every mutant; code that reads the
     calling test's source and returns what it expects passes the official run and gets 0."""
-    from sao_harness.tasks.grade import grade
+    from sao_harness.tasks.grading.grade import grade
     from tests.tasks.test_grade_behaviour import KNOWS_THE_TESTS, init_patch
 
     source = bundled["sao-harness__minicfg-11"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from sao_harness.tasks.grade import grade
-from sao_harness.tasks.grade_status import GradeStatus
+from sao_harness.tasks.grading.grade import grade
+from sao_harness.tasks.grading.grade_status import GradeStatus
 from tests.support import attacks
 
 # --- the findings each family gets: any one of them names the refusal -----------------------------------
@@ -33,7 +33,7 @@ HANG_TIMEOUT_S = 60  # the hanging mutation run is stopped here
 @pytest.fixture(scope="module")
 def atasks(docker_engine, project_root):
     from sao_harness.sao.cli import main
-    from sao_harness.tasks.loaders import load_tasks_lenient
+    from sao_harness.tasks.formats.loaders import load_tasks_lenient
 
     bundled_dir = project_root / "tasks" / "bundled"
     assert main(["tasks", "build", "--task-repo", str(bundled_dir), "--only", *IDS]) == 0

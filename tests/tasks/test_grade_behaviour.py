@@ -15,13 +15,13 @@ import random
 
 import pytest
 
-from sao_harness.tasks.applied import TreeChange, tree_findings
-from sao_harness.tasks.canary import CANARY, EXIT_STATUS, check
-from sao_harness.tasks.diffparse import file_changes
-from sao_harness.tasks.grade import grade
-from sao_harness.tasks.grade_status import GradeStatus
-from sao_harness.tasks.guard import SIGNAL_KINDS, find_hacks, find_signals
-from sao_harness.tasks.hacks import HACK_MARK, append_patch, hack_patch, package_init
+from sao_harness.tasks.grading.applied import TreeChange, tree_findings
+from sao_harness.tasks.grading.canary import CANARY, EXIT_STATUS, check
+from sao_harness.tasks.grading.diffparse import file_changes
+from sao_harness.tasks.grading.grade import grade
+from sao_harness.tasks.grading.grade_status import GradeStatus
+from sao_harness.tasks.grading.guard import SIGNAL_KINDS, find_hacks, find_signals
+from sao_harness.tasks.grading.hacks import HACK_MARK, append_patch, hack_patch, package_init
 from tests.tasks.test_grade_guard import FORGERS, SEPARATORS, DeadEngine, file_diff, hidden_by_separator
 
 
@@ -50,7 +50,7 @@ def test_a_new_top_level_module_nothing_imports_is_reported():
 
 
 def test_the_applied_tree_is_judged_by_path_mode_and_what_the_text_names():
-    """What ``tasks.applied`` makes of the tree git reports (the Docker test below gets it from git)."""
+    """What ``tasks.grading.applied`` makes of the tree git reports (the Docker test below gets it from git)."""
     named = file_diff("pkg/core.py", new=False) + file_diff("build/gen/x.py")
     changes = [TreeChange("pkg/core.py", "M", "100644"), TreeChange("build", "A", "40755"),  # ignored dir
                TreeChange("conftest.py", "A", "100644"), TreeChange("pkg/alias.py", "A", "120777"),
@@ -87,7 +87,7 @@ def test_canaries_judge_what_pytest_reports():
 
 @pytest.fixture(scope="module")
 def bundled(project_root):
-    from sao_harness.tasks.loaders import load_tasks_lenient
+    from sao_harness.tasks.formats.loaders import load_tasks_lenient
 
     tasks, errors = load_tasks_lenient(str(project_root / "tasks" / "bundled"))
     assert tasks and not errors
@@ -96,7 +96,7 @@ def bundled(project_root):
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    from sao_harness.tasks.loaders import load_task_repo
+    from sao_harness.tasks.formats.loaders import load_task_repo
     from tests.support.task_repos import TASK_IDS, make_task_repo
 
     return load_task_repo(make_task_repo(tmp_path_factory.mktemp("behaviour") / "repo", task_ids=TASK_IDS[:1]))[0]
@@ -161,7 +161,7 @@ for _sao_cls in list(globals().values()):
 @pytest.fixture(scope="module")
 def dtask(docker_engine, project_root):
     from sao_harness.sao.cli import main
-    from sao_harness.tasks.loaders import load_tasks_lenient
+    from sao_harness.tasks.formats.loaders import load_tasks_lenient
 
     bundled_dir = project_root / "tasks" / "bundled"
     assert main(["tasks", "build", "--task-repo", str(bundled_dir), "--only", *IDS]) == 0
@@ -172,7 +172,7 @@ def dtask(docker_engine, project_root):
 def image_file(task, path: str) -> str:
     """``path`` in the task image (read again when the engine loses the short exec's output)."""
     from sao_harness.tasks.cli import read_image_file
-    from sao_harness.tasks.grade import default_client
+    from sao_harness.tasks.grading.grade import default_client
 
     for _ in range(3):
         if text := read_image_file(default_client(), task.image, path):
@@ -235,8 +235,8 @@ def test_a_root_module_the_standard_library_imports_gets_zero(docker_engine, dta
     PyStringMap`` (Jython), and pytest imports them after the repository is on ``sys.path`` (``-P``
     notwithstanding). A root ``org`` package forges the report from there, then raises ImportError so
     nothing shows. Static: ``new_top_level_module``; the clean run's finder never imports it."""
-    from sao_harness.tasks.clean_run import clean_run
-    from sao_harness.tasks.grade_sandbox import GradeLimits
+    from sao_harness.tasks.grading.clean_run import clean_run
+    from sao_harness.tasks.grading.grade_sandbox import GradeLimits
 
     patch = (append_patch("org/__init__.py", None, "# org\n") + append_patch("org/python/__init__.py", None, "# py\n")
              + append_patch("org/python/core.py", None, FORGE_REPORT + "raise ImportError('not Jython')\n"))

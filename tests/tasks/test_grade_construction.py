@@ -15,10 +15,10 @@ import re
 
 import pytest
 
-from sao_harness.tasks import clean_run
-from sao_harness.tasks.grade import grade
-from sao_harness.tasks.grade_sandbox import GradeLimits
-from sao_harness.tasks.grade_status import GradeStatus
+from sao_harness.tasks.grading import clean_run
+from sao_harness.tasks.grading.grade import grade
+from sao_harness.tasks.grading.grade_sandbox import GradeLimits
+from sao_harness.tasks.grading.grade_status import GradeStatus
 
 pytestmark = pytest.mark.docker
 ID = "sao-harness__minicfg-11"
@@ -51,7 +51,7 @@ print("SCAN" + repr(hits))
 @pytest.fixture(scope="module")
 def mtask(docker_engine, project_root):
     from sao_harness.sao.cli import main
-    from sao_harness.tasks.loaders import load_tasks_lenient
+    from sao_harness.tasks.formats.loaders import load_tasks_lenient
 
     bundled = project_root / "tasks" / "bundled"
     assert main(["tasks", "build", "--task-repo", str(bundled), "--only", ID]) == 0
@@ -94,7 +94,7 @@ def scanned_runs(monkeypatch, task, patch: str, user: str):
 
 
 def clean_run_client():
-    from sao_harness.tasks.grade import default_client
+    from sao_harness.tasks.grading.grade import default_client
 
     return default_client()
 

@@ -33,7 +33,7 @@ def repo(tmp_path_factory, client):
 
 @pytest.fixture(scope="module")
 def tasks(repo):
-    from sao_harness.tasks.loaders import load_task_repo
+    from sao_harness.tasks.formats.loaders import load_task_repo
 
     return {t.instance_id: t for t in load_task_repo(repo)}
 
@@ -51,7 +51,7 @@ def test_build_is_cached(repo, capsys):
 
 
 def test_grade_cli_official_vs_guarded(repo, tasks, tmp_path, capsys):
-    from sao_harness.tasks.hacks import hack_patch
+    from sao_harness.tasks.grading.hacks import hack_patch
 
     t1, t2 = tasks[TASK_IDS[0]], tasks[TASK_IDS[1]]
     preds = [
@@ -86,8 +86,8 @@ def test_grade_cli_official_vs_guarded(repo, tasks, tmp_path, capsys):
 
 def test_grade_in_process_outcomes(tasks, tmp_path):
     from sao_harness.tasks.cli import WRONG_PATCH
-    from sao_harness.tasks.grade import grade
-    from sao_harness.tasks.grade_status import GradeStatus
+    from sao_harness.tasks.grading.grade import grade
+    from sao_harness.tasks.grading.grade_status import GradeStatus
 
     t = tasks[TASK_IDS[0]]
     r = grade(t, unapplicable_patch(), run_id="t-noapply", log_root=tmp_path)
@@ -104,9 +104,9 @@ def test_tests_past_the_timeout_are_a_zero_but_a_hung_setup_is_infra(tasks, tmp_
     before the tests started (the setup hung; nothing of the patch had run) is an infra failure."""
     import dataclasses
 
-    import sao_harness.tasks.grade_sandbox as grade_sandbox
-    from sao_harness.tasks.grade import grade
-    from sao_harness.tasks.grade_status import GradeStatus
+    import sao_harness.tasks.grading.grade_sandbox as grade_sandbox
+    from sao_harness.tasks.grading.grade import grade
+    from sao_harness.tasks.grading.grade_status import GradeStatus
 
     t = tasks[TASK_IDS[0]]
     slow = t.patch.replace("+    return a + b", "+    import time; time.sleep(60); return a + b")
@@ -155,10 +155,10 @@ NO_NETWORK = ("\nimport socket\n\n"
 def test_grading_containers_have_no_network(tasks, tmp_path, monkeypatch):
     """The gold patch plus package code that fails at import when the container has a network interface:
     resolved through grade(), and unresolved once the grading containers get the host's network."""
-    import sao_harness.tasks.grade_sandbox as grade_sandbox
-    from sao_harness.tasks.grade import grade
-    from sao_harness.tasks.grade_status import GradeStatus
-    from sao_harness.tasks.hacks import append_patch
+    import sao_harness.tasks.grading.grade_sandbox as grade_sandbox
+    from sao_harness.tasks.grading.grade import grade
+    from sao_harness.tasks.grading.grade_status import GradeStatus
+    from sao_harness.tasks.grading.hacks import append_patch
     from tests.support.task_repos import BASE_FILES
 
     t = tasks[TASK_IDS[0]]
@@ -178,7 +178,7 @@ def test_bundled_tasks_check(project_root, tmp_path, capsys):
     bundled = project_root / "tasks" / "bundled"
     if not (bundled / "tasks").is_dir():
         pytest.skip("tasks/bundled is not there yet")
-    from sao_harness.tasks.loaders import load_tasks_lenient
+    from sao_harness.tasks.formats.loaders import load_tasks_lenient
 
     tasks, _ = load_tasks_lenient(str(bundled))
     if not tasks:

@@ -6,11 +6,12 @@ import random
 
 import pytest
 
-from sao_harness.tasks.clean_run import junit_key, parse_junit
-from sao_harness.tasks.diffparse import file_changes, unquote_c
-from sao_harness.tasks.grade import grade
-from sao_harness.tasks.grade_status import GradeStatus
-from sao_harness.tasks.guard import (
+from sao_harness.tasks.formats.loaders import load_task_repo
+from sao_harness.tasks.grading.clean_run import junit_key, parse_junit
+from sao_harness.tasks.grading.diffparse import file_changes, unquote_c
+from sao_harness.tasks.grading.grade import grade
+from sao_harness.tasks.grading.grade_status import GradeStatus
+from sao_harness.tasks.grading.guard import (
     OUTPUT_CAP,
     PYTEST_REF,
     SHADOW,
@@ -24,8 +25,7 @@ from sao_harness.tasks.guard import (
     parse_patch,
     strip_test_changes,
 )
-from sao_harness.tasks.hacks import append_patch, hack_patch, package_patch, shadow_patch
-from sao_harness.tasks.loaders import load_task_repo
+from sao_harness.tasks.grading.hacks import append_patch, hack_patch, package_patch, shadow_patch
 from tests.support.task_repos import TASK_IDS, make_task_repo
 
 
@@ -130,7 +130,7 @@ def test_infra_failure_is_never_a_reward(task):
     assert "engine gone" in r.error
 
 
-# --- the static check of the guarded verdict (tasks.guard.find_hacks) ------------------------------
+# --- the static check of the guarded verdict (tasks.grading.guard.find_hacks) ------------------------------
 
 QUOTED_CONFTEST = ('diff --git "a/tests/\\303\\274/conftest.py" "b/tests/\\303\\274/conftest.py"\n'
                    'new file mode 100644\n--- /dev/null\n+++ "b/tests/\\303\\274/conftest.py"\n@@ -0,0 +1 @@\n+x = 1\n')
@@ -222,7 +222,7 @@ def test_junit_keys_and_parsing():
 
 def test_output_cap_default_matches_the_config():
     from sao_harness.tasks.config import GradingConfig
-    from sao_harness.tasks.grade_sandbox import DEFAULT_OUTPUT_CAP_BYTES
+    from sao_harness.tasks.grading.grade_sandbox import DEFAULT_OUTPUT_CAP_BYTES
 
     assert GradingConfig().output_cap_bytes == DEFAULT_OUTPUT_CAP_BYTES
 
@@ -256,7 +256,7 @@ FORGERS = {
 
 @pytest.fixture(scope="module")
 def bundled(project_root):
-    from sao_harness.tasks.loaders import load_tasks_lenient
+    from sao_harness.tasks.formats.loaders import load_tasks_lenient
 
     tasks, errors = load_tasks_lenient(str(project_root / "tasks" / "bundled"))
     assert tasks and not errors

@@ -13,10 +13,10 @@ import pytest
 from sao_harness.envs.config import SandboxConfig
 from sao_harness.envs.limits import HARD_CAP_DRIVERS
 from sao_harness.sao.cli import main
-from sao_harness.tasks.grade import grade
-from sao_harness.tasks.grade_status import GradeStatus
-from sao_harness.tasks.guard import OUTPUT_CAP, PYTEST_REF, SHADOW
-from sao_harness.tasks.hacks import package_init, package_patch, shadow_patch
+from sao_harness.tasks.grading.grade import grade
+from sao_harness.tasks.grading.grade_status import GradeStatus
+from sao_harness.tasks.grading.guard import OUTPUT_CAP, PYTEST_REF, SHADOW
+from sao_harness.tasks.grading.hacks import package_init, package_patch, shadow_patch
 
 pytestmark = pytest.mark.docker
 IDS = ("sao-harness__minicfg-11", "sao-harness__spanlib-5")
@@ -24,7 +24,7 @@ IDS = ("sao-harness__minicfg-11", "sao-harness__spanlib-5")
 
 @pytest.fixture(scope="module")
 def tasks(docker_engine, project_root):
-    from sao_harness.tasks.loaders import load_tasks_lenient
+    from sao_harness.tasks.formats.loaders import load_tasks_lenient
 
     bundled = project_root / "tasks" / "bundled"
     assert main(["tasks", "build", "--task-repo", str(bundled), "--only", *IDS]) == 0
@@ -56,7 +56,7 @@ class SpyClient:
 
 
 def test_grading_containers_are_sandboxes(docker_engine, tasks, tmp_path):
-    from sao_harness.tasks import clean_run
+    from sao_harness.tasks.grading import clean_run
 
     t = tasks[IDS[0]]
     spy = SpyClient(docker_engine)
@@ -100,7 +100,7 @@ def test_lost_eval_output_is_an_infra_failure_never_a_zero(tasks, tmp_path, monk
     has no test results: an infra failure (no reward), not an unresolved patch (reward 0)."""
     import dataclasses
 
-    import sao_harness.tasks.grade_sandbox as grade_sandbox
+    import sao_harness.tasks.grading.grade_sandbox as grade_sandbox
 
     real = grade_sandbox.run_capped
     monkeypatch.setattr(grade_sandbox, "run_capped",
@@ -114,8 +114,8 @@ def test_lost_eval_output_is_an_infra_failure_never_a_zero(tasks, tmp_path, monk
 def _import_line(task, line: str) -> str:
     """A patch appending ``line`` to the package's ``__init__.py`` (read from the task image)."""
     from sao_harness.tasks.cli import read_image_file
-    from sao_harness.tasks.grade import default_client
-    from sao_harness.tasks.hacks import append_patch
+    from sao_harness.tasks.grading.grade import default_client
+    from sao_harness.tasks.grading.hacks import append_patch
 
     init = package_init([ln.split(" b/")[-1] for ln in task.patch.splitlines() if ln.startswith("diff --git")])
     return append_patch(init, read_image_file(default_client(), task.image, init), line)
@@ -123,8 +123,8 @@ def _import_line(task, line: str) -> str:
 
 def test_clean_run_ignores_a_pytest_shadow(docker_engine, tasks, tmp_path):
     """Without the static check the shadow wins officially; the clean run (``python -P``) still fails it."""
-    from sao_harness.tasks.clean_run import clean_run
-    from sao_harness.tasks.grade_sandbox import GradeLimits
+    from sao_harness.tasks.grading.clean_run import clean_run
+    from sao_harness.tasks.grading.grade_sandbox import GradeLimits
 
     t = tasks[IDS[1]]
     official = grade(t, shadow_patch(), guard=False, log_root=tmp_path)
@@ -137,7 +137,7 @@ def test_clean_run_ignores_a_pytest_shadow(docker_engine, tasks, tmp_path):
 def test_guard_fuzz_handful_through_docker(docker_engine, tasks, tmp_path):
     """A few generated variants end to end: each is resolved officially and gets 0; gold still gets 1."""
     from sao_harness.tasks.cli import read_image_file
-    from sao_harness.tasks.hacks import hack_patch
+    from sao_harness.tasks.grading.hacks import hack_patch
     from tests.support.hack_variants import octal_quote, quoted
     from tests.tasks.test_grade_behaviour import FORGE_REPORT, fuzzy_context_patch, init_patch
 

@@ -1,4 +1,4 @@
-"""Probes on perturbed inputs (tasks/perturb.py) against the bundled suite, without Docker.
+"""Probes on perturbed inputs (tasks/grading/perturb.py) against the bundled suite, without Docker.
 
 Every task's code base is copied twice (base + test patch, and + gold patch too); the probes of its
 FAIL_TO_PASS test files are run with this interpreter's pytest. Measured (printed, `pytest -s`): the
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sao_harness.tasks.perturb import Difference, Probe, build_probe, compare, parse_records
+from sao_harness.tasks.grading.perturb import Difference, Probe, build_probe, compare, parse_records
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "tasks" / "suite"

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from sao_harness.core.errors import UserError
-from sao_harness.tasks.adapters import R2E_EPISODE_SETUP, R2E_TEST_CMD, detect, r2e_statuses
-from sao_harness.tasks.loaders import load_tasks, load_tasks_lenient
+from sao_harness.tasks.formats.adapters import R2E_EPISODE_SETUP, R2E_TEST_CMD, detect, r2e_statuses
+from sao_harness.tasks.formats.loaders import load_tasks, load_tasks_lenient
 from sao_harness.tasks.model import TaskError
 from sao_harness.tasks.preflight import usable_tasks
 from tests.support.task_repos import TASK_IDS, make_task_repo
@@ -100,7 +100,7 @@ def test_sao_tasks_list_says_the_format_and_why_a_row_is_not_gradable(capsys):
 
 def test_swe_smith_gold_patch_is_the_bug_undone(tmp_path):
     """`git apply` of the bug then of the adapter's gold patch gives the clean file back."""
-    from sao_harness.tasks.adapters import reverse_patch
+    from sao_harness.tasks.formats.adapters import reverse_patch
 
     clean = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b"  # no newline at the end
     bug = ("diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1,5 +1,5 @@\n def add(a, b):\n-    return a + b\n"
@@ -117,7 +117,7 @@ def test_swe_smith_gold_patch_is_the_bug_undone(tmp_path):
 
 
 def test_swe_smith_old_image_names_get_the_published_form():
-    from sao_harness.tasks.adapters import swe_smith_image
+    from sao_harness.tasks.formats.adapters import swe_smith_image
 
     assert swe_smith_image("swesmith.x86_64.pandas-dev__pandas.95280573") == \
         "jyangballin/swesmith.x86_64.pandas-dev_1776_pandas.95280573"
@@ -238,7 +238,7 @@ def test_sao_train_skips_the_unusable_with_skip_ungradable(tmp_path, monkeypatch
     seen = {}
     loop = types.SimpleNamespace(LoopError=RuntimeError,  # a stand-in: the real loop would start Ray and a model
                                  train=lambda cfg, tasks, log: seen.setdefault("ids", [t.instance_id for t in tasks]))
-    monkeypatch.setitem(sys.modules, "sao_harness.trainer.loop", loop)
+    monkeypatch.setitem(sys.modules, "sao_harness.trainer.run.loop", loop)
     assert main(["train", "--config", "configs/local.yaml", f"tasks.source={_broken_repo(tmp_path)}",
                  "tasks.skip_ungradable=true", f"run.root={tmp_path / 'runs'}"]) == 0
     assert seen["ids"] == [TASK_IDS[0]]
@@ -255,11 +255,11 @@ def test_a_bundled_task_as_a_swe_gym_row_resolves_with_its_gold_patch(docker_eng
     """The SWE-Gym path (eval script made from the repo's test command, the test patch, the base commit)
     graded by swebench in the task's image: the gold patch resolves, no patch does not."""
     from sao_harness.sao.config import load_config
-    from sao_harness.tasks import specs
-    from sao_harness.tasks.grade import grade, run_swebench
-    from sao_harness.tasks.grade_status import GradeStatus
-    from sao_harness.tasks.images import build_repo_images
-    from sao_harness.tasks.loaders import BUNDLED
+    from sao_harness.tasks.formats import specs
+    from sao_harness.tasks.formats.loaders import BUNDLED
+    from sao_harness.tasks.grading.grade import grade, run_swebench
+    from sao_harness.tasks.grading.grade_status import GradeStatus
+    from sao_harness.tasks.images.prepare import build_repo_images
 
     (bundled,) = load_tasks("bundled", instances=["sao-harness__minicfg-11"])
     build_repo_images(load_config("configs/local.yaml"), docker_engine, BUNDLED, [bundled], log=lambda *_: None)
@@ -296,7 +296,7 @@ def test_r2e_rows_pass_the_preflight_check(tmp_path):
 def test_r2e_test_ids_are_found_in_the_held_out_files():
     """R2E-Gym names a test without its file (``Class.test[params]``); the clean run grades the node ids
     of every held-out file that defines it (pytest's default collection, read from the AST)."""
-    from sao_harness.tasks.clean_run import r2e_node_ids
+    from sao_harness.tasks.grading.clean_run import r2e_node_ids
 
     sources = {"r2e_tests/test_1.py": b"class TestA:\n    def test_x(self): pass\n    def helper(self): pass\n"
                                       b"    class TestIn:\n        def test_y(self): pass\n"

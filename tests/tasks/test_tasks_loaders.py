@@ -12,8 +12,8 @@ import pytest
 
 from sao_harness.core.errors import UserError
 from sao_harness.sao.cli import main
-from sao_harness.tasks.adapters import ADAPTERS, COLUMNS
-from sao_harness.tasks.loaders import load_task_repo, load_tasks, load_tasks_lenient
+from sao_harness.tasks.formats.adapters import ADAPTERS, COLUMNS
+from sao_harness.tasks.formats.loaders import load_task_repo, load_tasks, load_tasks_lenient
 from sao_harness.tasks.model import Task, TaskError
 from tests.support.task_repos import TASK_IDS, make_task_repo
 
@@ -247,7 +247,7 @@ def test_incomplete_task_dir_is_named(tmp_path):
 
 
 def test_recipe_hash_tracks_build_inputs(tmp_path):
-    from sao_harness.tasks.build import recipe_hash
+    from sao_harness.tasks.images.build import recipe_hash
 
     repo = make_task_repo(tmp_path / "repo")
     d = repo / "tasks" / TASK_IDS[0]

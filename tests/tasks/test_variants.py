@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from sao_harness.tasks import variants
-from sao_harness.tasks.variants import Copy, ModuleVariant, build_variant
+from sao_harness.tasks.grading import variants
+from sao_harness.tasks.grading.variants import Copy, ModuleVariant, build_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "tasks" / "bundled" / "tasks"

@@ -1,4 +1,4 @@
-"""trainer.attn_impl: the attention of packed rows (trainer.models.use_packed_attention).
+"""trainer.attn_impl: the attention of packed rows (trainer.modeling.models.use_packed_attention).
 
 flex (FlexAttention under a document BlockMask) against the per-trajectory reference: each trajectory alone
 through the model on plain "sdpa". FlexAttention has no backward on CPU (torch 2.13), so its gradients are
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sao_harness.trainer.config import TrainerConfig
-from sao_harness.trainer.models import (
+from sao_harness.trainer.modeling.models import (
     PACKED_FLEX,
     PACKED_SDPA,
     policy_token_logprobs,
@@ -102,7 +102,7 @@ def test_flex_on_padded_rows_is_sdpa_and_trains_on_cpu():
 def test_the_flex_kernel_call_equals_sdpa_packed_with_scaling_gqa_and_a_window():
     """The attention function alone on a packed row (4 query heads over 2 kv heads, scaling 0.3), full and
     windowed: FlexAttention under document_block_mask == sdpa_packed's per-trajectory SDPA."""
-    from sao_harness.trainer.models import _packed_flex_attention, _packed_sdpa_attention
+    from sao_harness.trainer.modeling.models import _packed_flex_attention, _packed_sdpa_attention
 
     positions = torch.cat([torch.arange(n) for n in LENGTHS])[None]
     gen = torch.Generator().manual_seed(5)
@@ -123,7 +123,7 @@ def test_flex_has_no_backward_on_cpu_and_says_so():
 
 
 def test_auto_selects_what_it_says_on_this_machine(monkeypatch):
-    import sao_harness.trainer.models as models
+    import sao_harness.trainer.modeling.models as models
 
     assert resolve_attn_impl("auto", "cpu") == "sdpa_packed"  # flex cannot train on CPU
     model = use_packed_attention(tiny_policy(), "auto")
@@ -137,7 +137,7 @@ def test_auto_selects_what_it_says_on_this_machine(monkeypatch):
 
 
 def test_flash_varlen_without_cuda_or_flash_attn_is_an_error_naming_the_setting(monkeypatch):
-    import sao_harness.trainer.models as models
+    import sao_harness.trainer.modeling.models as models
 
     with pytest.raises(ValueError, match=r"trainer\.attn_impl=flash_varlen needs the model on CUDA"):
         use_packed_attention(tiny_policy(), "flash_varlen")

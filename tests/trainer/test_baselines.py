@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from sao_harness.harness.trace import Segment, Trajectory
-from sao_harness.trainer import objective
-from sao_harness.trainer.batch import build_batch
+from sao_harness.trainer.algo import objective
+from sao_harness.trainer.algo.batch import build_batch
 from sao_harness.trainer.config import TrainerConfig
-from sao_harness.trainer.models import policy_token_logprobs
+from sao_harness.trainer.modeling.models import policy_token_logprobs
 from tests.support.trainer_data import make_trainer, synthetic_trajectories
 
 

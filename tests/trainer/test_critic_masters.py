@@ -9,9 +9,9 @@ import torch
 from sao_harness.harness.config import SamplingConfig
 from sao_harness.harness.trace import Segment, Trajectory
 from sao_harness.trainer.config import TrainerConfig, ValuePretrainConfig
-from sao_harness.trainer.critic_init import freeze_critic, load_backbone_critic
-from sao_harness.trainer.models import save_critic
-from sao_harness.trainer.value_pretrain import pretrain_critic
+from sao_harness.trainer.modeling.critic_init import freeze_critic, load_backbone_critic
+from sao_harness.trainer.modeling.models import save_critic
+from sao_harness.trainer.warm.value_pretrain import pretrain_critic
 
 STEPS = 20  # value-pretraining steps: a short run
 
@@ -42,7 +42,7 @@ def pretrained_critic(model_path: str, tc: TrainerConfig, directory) -> tuple[di
 
 
 def test_value_pretrained_critic_reaches_the_fp32_masters_unrounded(tiny_model_dir, tmp_path):
-    from sao_harness.trainer.loop import build_trainer  # lazy: torch
+    from sao_harness.trainer.run.loop import build_trainer  # lazy: torch
 
     tc = TrainerConfig(advantage="gae")
     base, pretrained = pretrained_critic(str(tiny_model_dir), tc, tmp_path / "critic")

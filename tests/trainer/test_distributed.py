@@ -1,11 +1,11 @@
-"""Data-parallel SAO on FSDP2 (trainer.distributed): 2 gloo processes on CPU give the update of one
+"""Data-parallel SAO on FSDP2 (trainer.dist.distributed): 2 gloo processes on CPU give the update of one
 process on the whole batch.
 
 Reference: SAOTrainer.update on the global batch in this process. Each rank gets a token-balanced part
 and other micro-batch counts (max_tokens_per_microbatch=96), so the balance passes, the global token counts,
 the global whitening and FSDP's summed reduce-scatter all have to be right; clipping binds
 (max_grad_norm below the gradient norms), so the gradient's scale matters, not only its direction.
-Last, `sao train` itself with runtime.world_size=2 (trainer.ranks drives the rank actors).
+Last, `sao train` itself with runtime.world_size=2 (trainer.run.ranks drives the rank actors).
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from sao_harness.harness.engines.routes import RouteRecorder
-from sao_harness.trainer import distributed
-from sao_harness.trainer.checkpoint import latest_checkpoint, read_state
+from sao_harness.trainer.algo.losses import whiten_advantages
+from sao_harness.trainer.algo.sao import SAOTrainer
 from sao_harness.trainer.config import TrainerConfig
-from sao_harness.trainer.losses import whiten_advantages
-from sao_harness.trainer.metrics import read_metrics
-from sao_harness.trainer.models import Critic
-from sao_harness.trainer.sao import SAOTrainer
+from sao_harness.trainer.dist import distributed
+from sao_harness.trainer.dist.checkpoint import latest_checkpoint, read_state
+from sao_harness.trainer.modeling.models import Critic
+from sao_harness.trainer.report.metrics import read_metrics
 from tests.support.trainer_data import synthetic_trajectories, tiny_policy, trajectory_with_break
 
 pytestmark = pytest.mark.slow
@@ -134,10 +134,10 @@ def test_power_averaging_per_rank_means_fails(runs):
 
 
 def test_the_sharded_checkpoint_resumes_a_single_process_trainer_exactly(runs):
-    """The ranks' checkpoint format (trainer/checkpoint.py, sharded: policy/ + dcp/) in one process."""
+    """The ranks' checkpoint format (trainer/dist/checkpoint.py, sharded: policy/ + dcp/) in one process."""
     from transformers import AutoModelForCausalLM
 
-    from sao_harness.trainer import checkpoint
+    from sao_harness.trainer.dist import checkpoint
 
     ref, path = runs["ref"], runs["right"]["path"]
     assert checkpoint.is_sharded(path)

@@ -1,5 +1,6 @@
-"""Three fidelity fixes of the trainer: sliding-window attention on packed rows (trainer.models.use_packed_sdpa),
-float16 refused (no loss scaling), and every rank's RNG in the checkpoint (trainer.checkpoint)."""
+"""Three fidelity fixes of the trainer: sliding-window attention on packed rows
+(trainer.modeling.models.use_packed_sdpa), float16 refused (no loss scaling), and every rank's RNG in the
+checkpoint (trainer.dist.checkpoint)."""
 from __future__ import annotations
 
 import random
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from sao_harness.trainer.models import PACKED_SDPA, policy_token_logprobs, use_packed_sdpa
+from sao_harness.trainer.modeling.models import PACKED_SDPA, policy_token_logprobs, use_packed_sdpa
 
 # --- 1. sliding-window attention on packed rows ---------------------------------------------------
 
@@ -70,7 +71,7 @@ def test_packed_sdpa_honours_the_sliding_window_of_each_layer():
 @pytest.mark.parametrize("block", [1, 5, 16, 1024])
 def test_the_blocked_window_is_one_full_window_mask(window, block):
     """Query blocks over the keys their window reaches = SDPA with the whole [n, n] window mask (GQA too)."""
-    from sao_harness.trainer.models import _causal_sdpa, _window_mask
+    from sao_harness.trainer.modeling.models import _causal_sdpa, _window_mask
 
     gen = torch.Generator().manual_seed(window)
     q, k, v = (torch.randn(1, h, 50, 8, dtype=torch.float64, generator=gen) for h in (4, 2, 2))
@@ -93,7 +94,7 @@ def test_model_dtype_float16_is_refused_at_config_validation():
 
 def test_the_trainers_autocast_refuses_float16():
     """SAOTrainer (dtype= or a policy loaded in fp16), the ranks and the warm starts all autocast here."""
-    from sao_harness.trainer.precision import autocast
+    from sao_harness.trainer.modeling.precision import autocast
 
     with pytest.raises(ValueError, match="float16 is not supported by the trainer"):
         autocast(torch.device("cpu"), torch.float16)
@@ -118,7 +119,7 @@ def draw() -> list:
 
 
 def test_rank_rng_files_restore_each_ranks_own_draws(tmp_path):
-    from sao_harness.trainer.checkpoint import rank_rng_file, restore_rank_rng, save_rank_rng
+    from sao_harness.trainer.dist.checkpoint import rank_rng_file, restore_rank_rng, save_rank_rng
 
     expected = {}
     for rank in (0, 1):  # two ranks seeded differently, each saves, then draws
@@ -145,15 +146,15 @@ def _save_draw_resume_draw(rank, world_size, address, second_port, model_dir, ru
     build resumed from that checkpoint, draw again (the resumed run)."""
     import torch.distributed as dist
 
-    from sao_harness.trainer import checkpoint, distributed
     from sao_harness.trainer.config import TrainerConfig
+    from sao_harness.trainer.dist import checkpoint, distributed
 
     def build(ckpt=None):
         return lambda dp: distributed.build_sharded(TrainerConfig(**CONFIG), str(model_dir), "float32", dp, ckpt)
 
     rt = distributed.RankTrainer(rank, world_size, address, build())
     seed_all(7)
-    driver = checkpoint.rng_state()  # what trainer.ranks passes: the driver's states, for rng.pt
+    driver = checkpoint.rng_state()  # what trainer.run.ranks passes: the driver's states, for rng.pt
     seed_all(100 + rank)
     draw()  # the run so far
     where = [rt.save_checkpoint(run_dir, 1, state=rt.counters(), keep=2, rng=driver)]
@@ -169,7 +170,7 @@ def _save_draw_resume_draw(rank, world_size, address, second_port, model_dir, ru
 
 @pytest.mark.slow
 def test_two_gloo_ranks_resume_their_own_rng_from_a_sharded_checkpoint(tiny_model_dir, tmp_path):
-    from sao_harness.trainer import distributed
+    from sao_harness.trainer.dist import distributed
 
     out = distributed.spawn(2, _save_draw_resume_draw, distributed.free_port(), tiny_model_dir, tmp_path)
     for rank in (0, 1):

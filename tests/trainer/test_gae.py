@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from sao_harness.trainer.gae import (
+from sao_harness.trainer.algo.gae import (
     discounted_reverse_cumsum,
     gae_reference,
     length_adaptive_lambda,

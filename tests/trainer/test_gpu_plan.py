@@ -26,7 +26,7 @@ from sao_harness.trainer.gpu_plan import (
     total_params,
     trainer_memory,
 )
-from sao_harness.trainer.models import Critic, critic_freeze_patterns, freeze_parameters
+from sao_harness.trainer.modeling.models import Critic, critic_freeze_patterns, freeze_parameters
 
 SMALL = dict(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, head_dim=12)

@@ -1,4 +1,4 @@
-"""`sao images pull` (trainer.images): without runtime.ray_address it prepares this node only, without Ray.
+"""`sao images pull` (trainer.run.images): without runtime.ray_address it prepares this node only, without Ray.
 
 The cluster path (one Ray task per sandbox node) is tests/envs/test_images_pull.py (slow, two engines)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from sao_harness.sao.config import load_config
-from sao_harness.trainer import images
+from sao_harness.trainer.run import images
 
 
 def test_pull_without_a_ray_address_prepares_this_node_only(monkeypatch, capsys):

@@ -11,11 +11,11 @@ from sao_harness.envs.errors import CommandTimeout, EngineGone
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import INFRA_KIND, Status
 from sao_harness.sao.config import load_config
-from sao_harness.tasks.grade_status import GradeStatus
-from sao_harness.trainer.loop import _loop_metrics
-from sao_harness.trainer.queue import Counters, TraceQueue, over_infra_limit, take_async
-from sao_harness.trainer.ray_utils import LoopError
-from sao_harness.trainer.workers import WorkerPool
+from sao_harness.tasks.grading.grade_status import GradeStatus
+from sao_harness.trainer.run.loop import _loop_metrics
+from sao_harness.trainer.run.queue import Counters, TraceQueue, over_infra_limit, take_async
+from sao_harness.trainer.run.ray_utils import LoopError
+from sao_harness.trainer.run.workers import WorkerPool
 from tests.support.traces import make_traj
 
 DOCKER = f"EngineGone: {EngineGone('Docker engine at unix:///x unreachable while starting sandbox s: refused')}"
@@ -37,7 +37,7 @@ def failed(i: int, why: str, kind: str | None = None):
 
 
 def step(queue: TraceQueue, counters: Counters, batch_size: int) -> dict:
-    """One step's loop metrics, as trainer.loop logs them after take_async."""
+    """One step's loop metrics, as trainer.run.loop logs them after take_async."""
     counters.step_counts = {}
     queue.poll()
     batch = take_async(queue, counters, batch_size, version=1, max_staleness=4)

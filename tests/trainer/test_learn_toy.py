@@ -10,12 +10,12 @@ import math
 
 import pytest
 
-import sao_harness.trainer.objective as objective
+import sao_harness.trainer.algo.objective as objective
 from sao_harness.harness.testbeds.toy import prompt, stake, targets, toy_reward
 from sao_harness.harness.trace import Segment, Trajectory
 from sao_harness.sao.config import load_config
-from sao_harness.trainer.compare import WINDOW, compare_runs, summarize
-from sao_harness.trainer.metrics import read_metrics
+from sao_harness.trainer.report.compare import WINDOW, compare_runs, summarize
+from sao_harness.trainer.report.metrics import read_metrics
 
 STEPS = 36
 FLIP_STEPS = 12
@@ -29,7 +29,7 @@ MIN_RISE = 0.2  # reward mean of the last 5 steps minus the first 5 (compare.sum
 def ray_session():
     import ray  # lazy: heavy
 
-    from sao_harness.trainer.ray_utils import start_ray
+    from sao_harness.trainer.run.ray_utils import start_ray
 
     start_ray(None, log=lambda m: None)
     yield
@@ -75,7 +75,7 @@ def test_the_stake_is_drawn_per_episode_and_named_first():
 
 @pytest.mark.slow
 def test_sao_raises_the_reward_and_a_sign_flipped_trainer_does_not(ray_session, project_root, tmp_path, monkeypatch):
-    from sao_harness.trainer.loop import train  # lazy: imports torch
+    from sao_harness.trainer.run.loop import train  # lazy: imports torch
 
     cfg = toy_cfg(tmp_path, "sao", project_root, STEPS)
     assert (cfg.trainer.advantage, cfg.trainer.policy_loss, cfg.trainer.env) == ("gae", "dis", "toy")

@@ -1,4 +1,4 @@
-"""Below the CLI, `sao train`'s functions take the config sections they read (trainer.loop), and
+"""Below the CLI, `sao train`'s functions take the config sections they read (trainer.run.loop), and
 `trainer.env` is checked against harness.runner's registry."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sao_harness.trainer.config import RuntimeConfig, TrainerConfig
 
 
 def test_build_trainer_recomputes_under_the_sampling_section_on_the_runtime_device(tiny_model_dir):
-    from sao_harness.trainer.loop import build_trainer  # lazy: torch
+    from sao_harness.trainer.run.loop import build_trainer  # lazy: torch
 
     tc = TrainerConfig(advantage="running_mean")  # no critic: quick
     sampling = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
@@ -21,7 +21,7 @@ def test_build_trainer_recomputes_under_the_sampling_section_on_the_runtime_devi
 
 
 def test_the_loop_checks_read_trainer_and_runtime():
-    from sao_harness.trainer.loop import _check  # lazy: torch
+    from sao_harness.trainer.run.loop import _check  # lazy: torch
 
     ppo = TrainerConfig(policy_loss="ppo", minibatches=2)
     _check(ppo, RuntimeConfig())  # one process: minibatches are fine

@@ -7,7 +7,7 @@ import statistics
 import pytest
 import torch
 
-from sao_harness.trainer.losses import (
+from sao_harness.trainer.algo.losses import (
     RunningMeanBaseline,
     dis_policy_loss,
     explained_variance,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sao_harness.trainer.metrics import CONSOLE, FAMILIES, MetricsLogger, family, progress_line, read_metrics
+from sao_harness.trainer.report.metrics import CONSOLE, FAMILIES, MetricsLogger, family, progress_line, read_metrics
 
 
 def test_jsonl_round_trip_with_step_time_and_null_for_non_finite(tmp_path):
@@ -32,7 +32,7 @@ def test_jsonl_round_trip_with_step_time_and_null_for_non_finite(tmp_path):
 
 
 def test_every_line_is_fsynced(tmp_path, monkeypatch):
-    import sao_harness.trainer.metrics as metrics_mod
+    import sao_harness.trainer.report.metrics as metrics_mod
     calls = []
     real = metrics_mod.os.fsync
     monkeypatch.setattr(metrics_mod.os, "fsync", lambda fd: (calls.append(fd), real(fd)))

@@ -6,7 +6,7 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from sao_harness.trainer.models import (
+from sao_harness.trainer.modeling.models import (
     Critic,
     chunked_token_logprobs,
     critic_freeze_patterns,
@@ -85,7 +85,7 @@ def test_filtered_tokens_get_minus_inf_and_no_nan_gradient():
 
 def test_chunking_never_holds_more_than_one_chunk_of_logits(monkeypatch):
     """Logits are built chunk by chunk, at most chunk_size positions each, forward and backward."""
-    import sao_harness.trainer.models as models
+    import sao_harness.trainer.modeling.models as models
     seen = []
     real = models._chunk_logits
 

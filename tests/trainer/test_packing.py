@@ -1,4 +1,4 @@
-"""Padding-free packing (trainer.batch.micro_batches / pack): packed micro-batches give the padded
+"""Padding-free packing (trainer.algo.batch.micro_batches / pack): packed micro-batches give the padded
 update, the reference computed here on the whole right-padded batch in one pass.
 
 Packed rows are whole trajectories end to end in one [1, L] sequence, position ids restarting per
@@ -16,12 +16,12 @@ import torch
 
 from sao_harness.harness.config import SamplingConfig
 from sao_harness.harness.trace import Segment, Trajectory
-from sao_harness.trainer.batch import build_batch, micro_batches, pack
+from sao_harness.trainer.algo.batch import build_batch, micro_batches, pack
+from sao_harness.trainer.algo.losses import value_loss
+from sao_harness.trainer.algo.objective import policy_loss, training_advantages, value_mask
 from sao_harness.trainer.config import TrainerConfig
-from sao_harness.trainer.distributed import split
-from sao_harness.trainer.losses import value_loss
-from sao_harness.trainer.models import PACKED_SDPA, policy_token_logprobs, use_packed_sdpa
-from sao_harness.trainer.objective import policy_loss, training_advantages, value_mask
+from sao_harness.trainer.dist.distributed import split
+from sao_harness.trainer.modeling.models import PACKED_SDPA, policy_token_logprobs, use_packed_sdpa
 from tests.support.trainer_data import make_trainer, synthetic_trajectories
 
 BUDGET = 40  # tokens per packed micro-batch: 3-5 micro-batches of 2-4 trajectories each below

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from sao_harness.core.errors import UserError
-from sao_harness.trainer.metrics import MetricsLogger
-from sao_harness.trainer.plots import cmd_runs_plot, plot_run
+from sao_harness.trainer.report.metrics import MetricsLogger
+from sao_harness.trainer.report.plots import cmd_runs_plot, plot_run
 
 
 def write_run(run_dir, steps=30, drop=()):
@@ -95,7 +95,7 @@ def test_cli_runs_plot_bad_run_dir_exits_2_with_one_line(tmp_path, capsys):
     except SystemExit:
         func = None
     if getattr(func, "__name__", "") != "cmd_runs_plot":
-        pytest.skip("`sao runs plot` is not wired to trainer.plots.cmd_runs_plot in trainer/cli.py yet")
+        pytest.skip("`sao runs plot` is not wired to trainer.report.plots.cmd_runs_plot in trainer/cli.py yet")
     capsys.readouterr()
     assert main(["runs", "plot", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip()
@@ -103,7 +103,7 @@ def test_cli_runs_plot_bad_run_dir_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_runs_compare_writes_png_html_and_a_table(tmp_path, capsys):
-    from sao_harness.trainer.compare import cmd_runs_compare
+    from sao_harness.trainer.report.compare import cmd_runs_compare
 
     write_run(tmp_path / "a", steps=20)
     write_run(tmp_path / "b", steps=10, drop=("critic/explained_variance",))

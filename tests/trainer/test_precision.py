@@ -1,4 +1,4 @@
-"""Mixed precision, exact resume and activation checkpointing of the SAO update (trainer.precision).
+"""Mixed precision, exact resume and activation checkpointing of the SAO update (trainer.modeling.precision).
 
 Hand references: AdamW's first step moves every weight with a gradient |g| >> eps by lr * g / |g|
 (bias-corrected m / sqrt(v) = g / |g|), so at lr 1e-6 a trainer that updates fp32 masters moves
@@ -11,11 +11,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from sao_harness.harness.trace import Segment, Trajectory
-from sao_harness.trainer import checkpoint, sao
+from sao_harness.trainer.algo import sao
+from sao_harness.trainer.algo.sao import SAOTrainer
 from sao_harness.trainer.config import TrainerConfig
-from sao_harness.trainer.models import Critic, load_critic
-from sao_harness.trainer.precision import engine_weights
-from sao_harness.trainer.sao import SAOTrainer
+from sao_harness.trainer.dist import checkpoint
+from sao_harness.trainer.modeling.models import Critic, load_critic
+from sao_harness.trainer.modeling.precision import engine_weights
 from tests.support.trainer_data import synthetic_trajectories, tiny_policy
 
 LR = 1e-6

@@ -21,10 +21,10 @@ from sao_harness.harness.proxy import ProxyServer
 from sao_harness.harness.store import TraceStore, read_shard
 from sao_harness.harness.tiny_model import ensure_tiny_model
 from sao_harness.sao.config import load_config
+from sao_harness.trainer.algo.sao import SAOTrainer
 from sao_harness.trainer.config import TrainerConfig
-from sao_harness.trainer.models import Critic
-from sao_harness.trainer.router_replay import RouterReplay
-from sao_harness.trainer.sao import SAOTrainer
+from sao_harness.trainer.modeling.models import Critic
+from sao_harness.trainer.modeling.router_replay import RouterReplay
 from tests.support.trainer_data import synthetic_trajectories, tiny_policy
 
 REPO = Path(__file__).resolve().parents[2]

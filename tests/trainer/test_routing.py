@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from types import SimpleNamespace
 
-from sao_harness.trainer.actors import TaskFeed
+from sao_harness.trainer.run.actors import TaskFeed
 
 Feed = TaskFeed.__ray_actor_class__  # the plain class behind the Ray actor
 

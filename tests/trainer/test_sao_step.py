@@ -9,12 +9,12 @@ import torch
 
 from sao_harness.harness.config import SamplingConfig
 from sao_harness.harness.trace import Segment, Status, Trajectory
-from sao_harness.trainer.batch import build_batch, micro_batches
+from sao_harness.trainer.algo.batch import build_batch, micro_batches
+from sao_harness.trainer.algo.gae import gae_reference
+from sao_harness.trainer.algo.objective import compute_advantages, policy_loss
 from sao_harness.trainer.config import TrainerConfig
-from sao_harness.trainer.gae import gae_reference
-from sao_harness.trainer.metrics import FAMILIES, family
-from sao_harness.trainer.models import policy_token_logprobs
-from sao_harness.trainer.objective import compute_advantages, policy_loss
+from sao_harness.trainer.modeling.models import policy_token_logprobs
+from sao_harness.trainer.report.metrics import FAMILIES, family
 from tests.support.trainer_data import make_trainer, synthetic_trajectories, trajectory_with_break  # noqa: E402
 
 

@@ -23,8 +23,8 @@ from sao_harness.harness.engines.vllm_weights import pack, plan
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Status
 from sao_harness.sao.config import load_config
-from sao_harness.trainer import weight_sync
-from sao_harness.trainer.metrics import read_metrics
+from sao_harness.trainer.report.metrics import read_metrics
+from sao_harness.trainer.run import weight_sync
 
 pytestmark = pytest.mark.slow  # Ray clusters with engine replicas: 15-60 s each
 
@@ -72,7 +72,7 @@ def _digest(weights: dict) -> dict[str, float]:
 def ray_session():
     import ray
 
-    from sao_harness.trainer.ray_utils import start_ray
+    from sao_harness.trainer.run.ray_utils import start_ray
 
     start_ray(None, log=lambda m: None)
     yield
@@ -85,8 +85,8 @@ def test_two_replicas_get_identical_weights(ray_session, project_root, tmp_path,
     every trace records its replica."""
     import ray
 
-    from sao_harness.trainer.loop import train
-    from sao_harness.trainer.precision import engine_weights
+    from sao_harness.trainer.modeling.precision import engine_weights
+    from sao_harness.trainer.run.loop import train
 
     cfg = sim_cfg(tmp_path, transport, project_root, f"runtime.weight_sync={transport}", "trainer.max_steps=3",
                   "trainer.batch_size=4", "rollout.workers=4")
@@ -115,7 +115,7 @@ def test_a_dead_replica_is_reported_and_replaced(ray_session, project_root, tmp_
     ends normally; the only infra errors are episodes that were on the dead replica."""
     import ray
 
-    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.run.loop import train
 
     cfg = sim_cfg(tmp_path, "dead-replica", project_root, "trainer.max_steps=4", "trainer.batch_size=4",
                   "rollout.workers=4", "testbed.simulated.engine_s=0.05")
@@ -150,7 +150,7 @@ def test_a_replica_that_dies_during_a_publish_is_replaced_and_the_publish_redone
     hit): the run is not ended; the replica is replaced and version 2 published again, to every replica."""
     import ray
 
-    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.run.loop import train
 
     cfg = sim_cfg(tmp_path, "dies-in-publish", project_root, "trainer.max_steps=3", "trainer.batch_size=4",
                   "rollout.workers=4", "testbed.simulated.engine_s=0.05", "runtime.weight_sync=object_store")

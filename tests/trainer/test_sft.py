@@ -12,8 +12,8 @@ from sao_harness.core.errors import UserError
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Segment, Status, Trajectory
 from sao_harness.trainer.config import SFTConfig
-from sao_harness.trainer.metrics import family
-from sao_harness.trainer.sft import build_trainer, fit_max_length, load_sft_corpus, to_examples
+from sao_harness.trainer.report.metrics import family
+from sao_harness.trainer.warm.sft import build_trainer, fit_max_length, load_sft_corpus, to_examples
 
 ROOT = Path(__file__).resolve().parents[2]
 

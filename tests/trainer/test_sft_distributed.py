@@ -18,9 +18,10 @@ import torch
 
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Segment, Status, Trajectory
-from sao_harness.trainer import distributed, sft_dist
 from sao_harness.trainer.config import SFTConfig, TrainerConfig
-from sao_harness.trainer.metrics import family, read_metrics
+from sao_harness.trainer.dist import distributed
+from sao_harness.trainer.report.metrics import family, read_metrics
+from sao_harness.trainer.warm import sft_dist
 from tests.support.trainer_data import synthetic_trajectories
 
 pytestmark = pytest.mark.slow
@@ -163,7 +164,7 @@ def sft_trajectory(i: int) -> Trajectory:
 def test_sao_sft_on_two_ranks_writes_what_one_process_writes(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from sao_harness.trainer.sft import load_sft_corpus, run_sft, to_examples
+    from sao_harness.trainer.warm.sft import load_sft_corpus, run_sft, to_examples
 
     trajs = [sft_trajectory(i) for i in range(6)]
     TraceStore(tmp_path / "r").write(trajs)
@@ -188,7 +189,7 @@ def test_sao_sft_on_two_ranks_writes_what_one_process_writes(tmp_path, tiny_mode
 
 def test_sao_sft_on_ranks_refuses_the_moe_load_balancing_loss(tmp_path, tiny_model_dir):
     from sao_harness.core.errors import UserError
-    from sao_harness.trainer.sft import run_sft
+    from sao_harness.trainer.warm.sft import run_sft
 
     TraceStore(tmp_path / "r").write([sft_trajectory(0), sft_trajectory(1)])
     cfg = make_cfg(tmp_path, f"model.path={tiny_model_dir}", "sft.router_aux_loss_coef=0.01")
@@ -197,9 +198,9 @@ def test_sao_sft_on_ranks_refuses_the_moe_load_balancing_loss(tmp_path, tiny_mod
 
 
 def test_value_pretraining_on_two_ranks_is_pretrain_critic_in_one_process(tmp_path, tiny_model_dir):
-    from sao_harness.trainer.critic_init import freeze_critic, load_backbone_critic
-    from sao_harness.trainer.models import load_critic
-    from sao_harness.trainer.value_pretrain import load_corpus, pretrain_critic, run_value_pretrain
+    from sao_harness.trainer.modeling.critic_init import freeze_critic, load_backbone_critic
+    from sao_harness.trainer.modeling.models import load_critic
+    from sao_harness.trainer.warm.value_pretrain import load_corpus, pretrain_critic, run_value_pretrain
 
     TraceStore(tmp_path / "r").write(synthetic_trajectories(12, seed=3))
     cfg = make_cfg(tmp_path, f"model.path={tiny_model_dir}", "value_pretrain.lr=2e-3", "value_pretrain.max_steps=5",

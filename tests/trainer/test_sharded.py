@@ -1,5 +1,5 @@
-"""The sharded build, FSDP2 mixed precision and sharded checkpoints (trainer.distributed.build_sharded,
-trainer.sharded, trainer.checkpoint), on the tiny Qwen3-MoE (harness.tiny_model), gloo on CPU.
+"""The sharded build, FSDP2 mixed precision and sharded checkpoints (trainer.dist.distributed.build_sharded,
+trainer.dist.sharded, trainer.dist.checkpoint), on the tiny Qwen3-MoE (harness.tiny_model), gloo on CPU.
 
 One spawn of 4 ranks: the meta build (no full load anywhere: `from_pretrained` is made to raise in
 the ranks), its weights against a full load, its memory, an update, a sharded checkpoint, the next
@@ -17,10 +17,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sao_harness.trainer import checkpoint, distributed, sharded
+from sao_harness.trainer.algo.sao import SAOTrainer
 from sao_harness.trainer.config import TrainerConfig
-from sao_harness.trainer.models import Critic
-from sao_harness.trainer.sao import SAOTrainer
+from sao_harness.trainer.dist import checkpoint, distributed, sharded
+from sao_harness.trainer.modeling.models import Critic
 from tests.support.trainer_data import synthetic_trajectories
 
 pytestmark = pytest.mark.slow
@@ -237,7 +237,7 @@ def test_an_old_format_checkpoint_resumes_sharded(runs):
 def test_activation_checkpointing_switches_on_above_the_token_count():
     """trainer.checkpoint_above_tokens: each decoder layer is recomputed in backward only in a forward
     of more tokens than the threshold; the gradients are the same either way."""
-    from sao_harness.trainer.precision import train_mode
+    from sao_harness.trainer.modeling.precision import train_mode
     from tests.support.trainer_data import tiny_policy
 
     def grads(policy, ids):

@@ -18,8 +18,8 @@ import pytest
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import INFRA_ERRORS, Segment, Status, Trajectory
 from sao_harness.sao.config import load_config
-from sao_harness.trainer.checkpoint import latest_checkpoint, list_checkpoints, read_state
-from sao_harness.trainer.metrics import family, read_metrics
+from sao_harness.trainer.dist.checkpoint import latest_checkpoint, list_checkpoints, read_state
+from sao_harness.trainer.report.metrics import family, read_metrics
 
 pytestmark = pytest.mark.slow  # Ray actors and whole training runs: 5-40 s each
 
@@ -29,7 +29,7 @@ def ray_address(project_root):
     """One local Ray (127.0.0.1 only) for the module; runs in this process and in subprocesses join it."""
     import ray
 
-    from sao_harness.trainer.ray_utils import start_ray
+    from sao_harness.trainer.run.ray_utils import start_ray
 
     start_ray(None, log=lambda m: None)
     yield ray.get_runtime_context().gcs_address
@@ -60,7 +60,7 @@ def test_async_versions_critic_steps_infra_errors_and_a_dead_worker(ray_address,
     killed mid-run is reported and replaced."""
     import ray
 
-    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.run.loop import train
 
     cfg = sim_cfg(tmp_path, "async", project_root, "trainer.max_steps=4", "trainer.batch_size=4",
                   "rollout.workers=3", "testbed.simulated.infra_error_rate=0.3", "trainer.save_every=2",
@@ -135,7 +135,7 @@ def _traj(i: int, versions: list[int], status=Status.OK, reward=1.0) -> Trajecto
 def test_staleness_bound_drops_and_counts(tmp_path):
     """The queue drops (and counts) trajectories older than max_staleness versions, counted from the
     oldest token, and unrewarded ones; they never enter a batch."""
-    from sao_harness.trainer.queue import Counters, TraceQueue, take_async
+    from sao_harness.trainer.run.queue import Counters, TraceQueue, take_async
 
     store = TraceStore(tmp_path)
     store.write([_traj(0, [0, 3]), _traj(1, [1, 1]), _traj(2, [2]), _traj(3, [3]), _traj(4, [3], Status.INFRA_ERROR)])
@@ -159,7 +159,7 @@ def test_staleness_bound_drops_and_counts(tmp_path):
 def test_sync_mode_waits_for_whole_groups(ray_address, project_root, tmp_path):
     """trainer.mode=sync (GRPO + DIS): every batch is whole groups of G rollouts per task, and no
     episode starts between the start of an update and the publication of its weights."""
-    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.run.loop import train
 
     cfg = sim_cfg(tmp_path, "sync", project_root, "trainer.mode=sync", "trainer.group_size=2",
                   "trainer.batch_size=4", "trainer.max_steps=3", "rollout.workers=3", "trainer.advantage=grpo",
@@ -232,8 +232,8 @@ def test_an_engine_that_keeps_dying_ends_the_run_with_a_clear_error(ray_address,
     deaths the run ends with a `LoopError` saying so."""
     import ray
 
-    from sao_harness.trainer.loop import train
-    from sao_harness.trainer.ray_utils import LoopError
+    from sao_harness.trainer.run.loop import train
+    from sao_harness.trainer.run.ray_utils import LoopError
 
     cfg = sim_cfg(tmp_path, "dead", project_root, "trainer.max_steps=8", "trainer.batch_size=2", "rollout.workers=2",
                   "testbed.simulated.engine_s=0.02")
@@ -266,7 +266,7 @@ def test_one_train_per_run_directory(project_root, tmp_path):
     import fcntl
 
     from sao_harness.core.errors import UserError
-    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.run.loop import train
 
     cfg = sim_cfg(tmp_path, "locked", project_root)
     cfg.run.dir.mkdir(parents=True)
@@ -288,7 +288,7 @@ def test_train_cli_rejects_a_sync_batch_of_partial_groups(project_root, tmp_path
 def test_max_minutes_stops_the_loop_and_saves_the_last_step(ray_address, project_root, tmp_path):
     """trainer.max_minutes: the first step that ends past the budget is checkpointed and the run stops,
     long before max_steps; without it the same run would go on (sao learn gives each arm the same budget)."""
-    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.run.loop import train
 
     cfg = sim_cfg(tmp_path, "budget", project_root, "trainer.max_steps=1000", "trainer.save_every=1000",
                   "trainer.max_minutes=0.1", "trainer.batch_size=2", "testbed.simulated.engine_s=0.01")
@@ -303,7 +303,7 @@ def test_a_trajectory_with_breaks_neither_kills_the_run_nor_comes_back(ray_addre
     """A rewarded trajectory with a history break first in the stream (before: build_batch raised,
     `sao train` died, and a resume read it again): the step skips it and logs rollout/break_frac,
     the checkpoint consumes it (a resume never reads it again), and it is not counted as trained."""
-    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.run.loop import train
 
     cfg = sim_cfg(tmp_path, "breaks", project_root, "trainer.max_steps=1", "trainer.batch_size=2",
                   "rollout.workers=1", "testbed.simulated.engine_s=0.01")
@@ -322,7 +322,7 @@ def test_a_trajectory_with_breaks_neither_kills_the_run_nor_comes_back(ray_addre
 def test_a_run_leaves_no_partial_shard_of_a_worker_stopped_mid_write(ray_address, project_root, tmp_path):
     """The run's close stops the workers, which may be writing a shard (a `.shard-*.tmp` a killed writer leaves),
     then removes such files; the stand-in here is one written during the last update."""
-    from sao_harness.trainer.loop import train
+    from sao_harness.trainer.run.loop import train
 
     cfg = sim_cfg(tmp_path, "partial", project_root, "trainer.max_steps=2", "trainer.batch_size=2",
                   "trainer.save_every=1000", "testbed.simulated.engine_s=0.01")

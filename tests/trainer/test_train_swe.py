@@ -11,8 +11,8 @@ import pytest
 
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Status
-from sao_harness.trainer.checkpoint import latest_checkpoint, read_state
-from sao_harness.trainer.metrics import read_metrics
+from sao_harness.trainer.dist.checkpoint import latest_checkpoint, read_state
+from sao_harness.trainer.report.metrics import read_metrics
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -18,12 +18,12 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from sao_harness.core.errors import UserError
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Segment, Status, Trajectory
-from sao_harness.trainer.batch import build_batch
+from sao_harness.trainer.algo.batch import build_batch
 from sao_harness.trainer.config import TrainerConfig, ValuePretrainConfig
-from sao_harness.trainer.critic_init import initial_critic
-from sao_harness.trainer.metrics import family, read_metrics
-from sao_harness.trainer.models import Critic, load_critic
-from sao_harness.trainer.value_pretrain import (
+from sao_harness.trainer.modeling.critic_init import initial_critic
+from sao_harness.trainer.modeling.models import Critic, load_critic
+from sao_harness.trainer.report.metrics import family, read_metrics
+from sao_harness.trainer.warm.value_pretrain import (
     cmd_value_pretrain,
     load_corpus,
     monte_carlo_returns,
@@ -190,7 +190,7 @@ def test_cli_value_pretrain_bad_run_dir_is_a_one_line_error(tmp_path, capsys):
     from sao_harness.sao.cli import build_parser, main
     func = build_parser().parse_args(["value-pretrain"]).func
     if getattr(func, "__name__", "") != "cmd_value_pretrain":
-        pytest.skip("`sao value-pretrain` is not wired to trainer.value_pretrain.cmd_value_pretrain yet")
+        pytest.skip("`sao value-pretrain` is not wired to trainer.warm.value_pretrain.cmd_value_pretrain yet")
     capsys.readouterr()
     assert main(["value-pretrain", f"run.root={tmp_path}", "run.name=missing"]) == 2
     err = capsys.readouterr().err.strip()
@@ -206,7 +206,7 @@ def tiny_policy(tiny_model_dir):
 
 
 def make_trainer(policy, **overrides):
-    from sao_harness.trainer.sao import SAOTrainer
+    from sao_harness.trainer.algo.sao import SAOTrainer
     policy = copy.deepcopy(policy)
     config = TrainerConfig(**({"lr": 1e-3, "critic_lr": 1e-3, "critic_warmup_steps": 0, "critic_steps": 1,
                                "max_staleness": 100} | overrides))
@@ -264,7 +264,7 @@ def test_policy_lr_warms_up_linearly_and_holds_after(tiny_policy):
     assert make_trainer(tiny_policy, lr=3e-4).update(trajs)["policy/lr"] == pytest.approx(3e-4)  # 0 = off
 
 
-# --- precision: fp32 master weights, autocast, train mode (as SAOTrainer, trainer.precision) ------
+# --- precision: fp32 master weights, autocast, train mode (as SAOTrainer, trainer.modeling.precision) ------
 
 def _bf16_critic(tiny_model_dir) -> Critic:
     """The critic as `sao value-pretrain` loads it in model.dtype=bfloat16, with a nonzero value head
@@ -276,7 +276,7 @@ def _bf16_critic(tiny_model_dir) -> Critic:
 
 def _one_step_moved_fraction(critic: Critic, lr: float = 1e-6) -> float:
     """One pretraining step at `lr`: the fraction of trainable elements with a nonzero gradient that moved."""
-    from sao_harness.trainer import value_pretrain
+    from sao_harness.trainer.warm import value_pretrain
     before = {n: p.detach().float().clone() for n, p in critic.named_parameters()}
     seen = {}
 
@@ -309,7 +309,7 @@ def test_bf16_pretraining_step_at_lr_1e6_moves_the_fp32_master_weights(tiny_mode
 
 def test_the_same_step_without_master_weights_does_not_move_bf16_weights(tiny_model_dir, monkeypatch):
     """Power: the stage before master weights (a bf16 critic under plain AdamW) fails the test above."""
-    from sao_harness.trainer import value_pretrain
+    from sao_harness.trainer.warm import value_pretrain
     monkeypatch.setattr(value_pretrain, "to_master_weights", lambda module: module)
     critic = _bf16_critic(tiny_model_dir)
     assert _one_step_moved_fraction(critic) < 0.9

@@ -11,7 +11,7 @@ import torch
 
 from sao_harness.harness.engines.protocol import EngineError, SamplingParams
 from sao_harness.harness.engines.sampling import sampling_logprobs
-from sao_harness.trainer.models import policy_token_logprobs
+from sao_harness.trainer.modeling.models import policy_token_logprobs
 
 FAMILIES = ["dense", "moe"]
 TOL = 2e-5  # fp32: engine logprobs vs the trainer's recompute (contexts of tens of tokens). Measured on
@@ -32,7 +32,7 @@ def served(request):
 
 
 def trainer_recompute(hf, prompt: list[int], tokens: list[int], sp: SamplingParams) -> torch.Tensor:
-    """The trainer's logprobs of ``tokens`` after ``prompt`` (``trainer.models.policy_token_logprobs``)."""
+    """The trainer's logprobs of ``tokens`` after ``prompt`` (``trainer.modeling.models.policy_token_logprobs``)."""
     ids = torch.tensor([prompt + tokens])
     action = torch.zeros_like(ids, dtype=torch.bool)
     action[0, len(prompt):] = True

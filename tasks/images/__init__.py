@@ -1,0 +1,1 @@
+"""Task images: built offline and cached, present on every node before the first container, history scrub policy."""

@@ -1,0 +1,1 @@
+"""The models: policy logprobs and the critic, mixed precision, where the critic starts, MoE routing replay."""

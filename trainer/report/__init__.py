@@ -1,0 +1,1 @@
+"""A run's record and views of it: metrics.jsonl and TensorBoard, plots, runs compared."""
