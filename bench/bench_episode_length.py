@@ -26,6 +26,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from sao_harness.harness.rollout import run_rollout, start_policy  # noqa: E402  (after the environment above)
+from sao_harness.harness.runner import load_tasks as run_tasks  # noqa: E402
 from sao_harness.harness.store import TraceStore  # noqa: E402
 from sao_harness.sao.config import load_config  # noqa: E402
 from sao_harness.tasks.formats.loaders import load_tasks  # noqa: E402
@@ -39,9 +40,10 @@ def expert_traces(profile: str, task_ids: list[str], root: Path) -> list:
         f"run.root={root}", f"run.name={profile}", "engine.kind=expert", f"agent.profile={profile}",
         f"tasks.instances=[{', '.join(task_ids)}]", "rollout.workers=2", "sampling.max_tokens=4096",
         f"model.cache_dir={ROOT / '.cache/sao'}"])
-    engine, proxy = start_policy(cfg)
+    tasks = run_tasks(cfg, "swe", log=lambda *_: None)  # as `sao rollout`: loaded and pre-flighted once
+    engine, proxy = start_policy(cfg, tasks)
     try:
-        run_rollout(cfg, engine=engine, proxy=proxy, log=lambda *_: None)
+        run_rollout(cfg, tasks, engine=engine, proxy=proxy, log=lambda *_: None)
     finally:
         proxy.stop()
     return sorted(TraceStore(cfg.run.dir), key=lambda t: t.task_id)

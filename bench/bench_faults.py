@@ -278,19 +278,21 @@ def rollout_case(fault: str, inject: Callable[[list], object], *, tasks=TASKS, e
                  settle_s: float = 1.0) -> Outcome:
     """`sao rollout` with `inject(sandboxes)` while `need` episodes run; then the same rollout again (resume)."""
     from sao_harness.harness.rollout import run_rollout
+    from sao_harness.harness.runner import load_tasks
 
     out = Outcome(fault, "rollout")
     root = root or out.temp_root()
     name = f"faults-{fault}-r{os.getpid()}-{int(time.time()) % 100000}"
     cfg = config(root, name, list(tasks), *extra)
     out.run_dir = cfg.run.dir
+    loaded = load_tasks(cfg, "swe", log=out.log.append)  # as `sao rollout`: loaded and pre-flighted once
     engine, proxy = start_policy(cfg, engine_cls, engine_wrap)
     inj = Injector(name, inject, need=need, settle_s=settle_s)
     inj.run_dir = cfg.run.dir
     inj.start()
     stats, stopped = None, None
     try:
-        stats = run_rollout(cfg, engine=engine, proxy=proxy, log=out.log.append)
+        stats = run_rollout(cfg, loaded, engine=engine, proxy=proxy, log=out.log.append)
     except Exception as e:  # noqa: BLE001  (a fault that stops the run: its message is the row's)
         stopped = f"{type(e).__name__}: {e}"
     finally:
@@ -334,11 +336,12 @@ def resume_rollout(cfg, tasks, out: Outcome, tries: int = 2) -> str:
     """The same `sao rollout` again until every task is resolved (at most `tries` times: an episode of the rerun
     may meet an infra error of its own on a loaded machine); what the reruns did."""
     from sao_harness.harness.rollout import run_rollout
+    from sao_harness.harness.runner import load_tasks
 
     runs = []
     while len(runs) < tries and resolved_tasks(read_back(cfg.run.dir)[0]) != set(tasks):
         kept = digests(cfg.run.dir)
-        runs.append(run_rollout(cfg, log=out.log.append))
+        runs.append(run_rollout(cfg, load_tasks(cfg, "swe", log=out.log.append), log=out.log.append))  # a new run
         out.lost += traces_lost(cfg.run.dir, kept)
     check_rewards(read_back(cfg.run.dir)[0], out)
     if not runs:

@@ -43,6 +43,7 @@ from sao_harness.harness.engines.scripted_policy import ScriptedPolicyEngine
 from sao_harness.harness.infra import kind_of
 from sao_harness.harness.proxy import ProxyServer
 from sao_harness.harness.rollout import run_rollout
+from sao_harness.harness.runner import load_tasks as run_tasks
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.tiny_model import ensure_tiny_model
 from sao_harness.harness.trace import Status
@@ -239,6 +240,7 @@ def run_n(n: int, tasks, tokenizer, tmp: str, start_slots: int = 0) -> dict:
         "rollout.max_infra_frac=null",  # a load run reports every infra error, it does not stop on them
         f"sandbox.start_slots={start_slots}"])
     engine = ScriptedPolicyEngine.gold(tokenizer, chosen)
+    loaded = run_tasks(cfg, "swe", log=lambda *_: None)  # as `sao rollout`: loaded and pre-flighted once
     proxy = ProxyServer(engine, tokenizer, cfg)
     proxy.start(port=0)
     sampler = Sampler(ensure_engine(cfg.docker), f"sao-{name}-")
@@ -249,7 +251,7 @@ def run_n(n: int, tasks, tokenizer, tmp: str, start_slots: int = 0) -> dict:
     sampler.start()
     try:
         with ShellTimer() as shells:
-            run_rollout(cfg, engine=engine, proxy=proxy, log=lambda *_: None)
+            run_rollout(cfg, loaded, engine=engine, proxy=proxy, log=lambda *_: None)
     finally:
         wall = time.monotonic() - t0
         sampler.stop()

@@ -17,6 +17,7 @@ from _common import ROOT, verdict
 from sao_harness.harness.engines.scripted_policy import ScriptedPolicyEngine, tool_call
 from sao_harness.harness.proxy import ProxyServer
 from sao_harness.harness.rollout import run_rollout
+from sao_harness.harness.runner import load_tasks as run_tasks
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.tiny_model import ensure_tiny_model
 from sao_harness.harness.trace import Status
@@ -27,11 +28,12 @@ TURNS = 50
 
 
 def rollout(cfg, engine, tokenizer):
+    tasks = run_tasks(cfg, "swe", log=lambda *_: None)  # as `sao rollout`: loaded and pre-flighted once
     proxy = ProxyServer(engine, tokenizer, cfg)
     proxy.start(port=0)
     try:
         t0 = time.monotonic()
-        run_rollout(cfg, engine=engine, proxy=proxy, log=lambda *_: None)
+        run_rollout(cfg, tasks, engine=engine, proxy=proxy, log=lambda *_: None)
         return time.monotonic() - t0
     finally:
         proxy.stop()

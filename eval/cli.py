@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from sao_harness.core.errors import UserError
+from sao_harness.core.files import atomic_write_text
 from sao_harness.tasks.cli import IdsAction
 from sao_harness.tasks.grading.grade_status import INFRA_FAILURES, GradeStatus
 
@@ -122,6 +123,41 @@ def read_predictions(path: str, tasks_by_id: dict) -> tuple[list[dict], list[str
     return preds, errors
 
 
+def _predictions(args, dataset: str, tasks: list, known: dict) -> tuple[list[dict], list[str]]:
+    """The predictions `sao eval grade` grades (``gold``: each task's own patch), only ``--instances``
+    when given, and the errors of the lines that could not be read."""
+    if args.predictions == "gold":
+        preds = [{"instance_id": t.instance_id, "model_name_or_path": "gold", "model_patch": t.patch} for t in tasks]
+        line_errors = []
+    else:
+        preds, line_errors = read_predictions(args.predictions, known)
+    if args.instances:
+        unknown = [i for i in args.instances if i not in known]
+        if unknown:
+            raise UserError(f"--instances: not in {dataset}: {' '.join(unknown)}")
+        preds = [p for p in preds if p["instance_id"] in set(args.instances)]
+    return preds, line_errors
+
+
+def _gradable(preds: list[dict], tasks_by_id: dict, bad_by_id: dict, client, image_exists) -> tuple[list, dict]:
+    """(task, prediction) pairs that can be graded here, and why each other instance cannot."""
+    instance_errors: dict[str, str] = {}
+    todo = []
+    for p in preds:
+        iid = p["instance_id"]
+        task = tasks_by_id.get(iid)
+        if task is None:
+            instance_errors[iid] = str(bad_by_id[iid])
+        elif not task.gradable:
+            instance_errors[iid] = f"task {iid}: not gradable here: " + "; ".join(task.grading_gaps() + task.notes)
+        elif not image_exists(client, task.image):
+            instance_errors[iid] = (f"task {iid}: image {task.image} not found locally (build it: "
+                                    "sao tasks build --task-repo DIR)")
+        else:
+            todo.append((task, p))
+    return todo, instance_errors
+
+
 def cmd_grade(args) -> int:
     from sao_harness.envs.engine import ensure_engine  # lazy: keep sao --help fast
     from sao_harness.envs.images import image_exists  # lazy: keep sao --help fast
@@ -139,16 +175,7 @@ def cmd_grade(args) -> int:
     bad_by_id = {e.instance_id: e for e in bad_rows}
     tasks_by_id = {t.instance_id: t for t in tasks}
     known = dict(tasks_by_id, **{k: None for k in bad_by_id if k})
-    if args.predictions == "gold":
-        preds = [{"instance_id": t.instance_id, "model_name_or_path": "gold", "model_patch": t.patch} for t in tasks]
-        line_errors = []
-    else:
-        preds, line_errors = read_predictions(args.predictions, known)
-    if args.instances:
-        unknown = [i for i in args.instances if i not in known]
-        if unknown:
-            raise UserError(f"--instances: not in {dataset}: {' '.join(unknown)}")
-        preds = [p for p in preds if p["instance_id"] in set(args.instances)]
+    preds, line_errors = _predictions(args, dataset, tasks, known)
     run_id = args.run_id or new_run_id("grade")
     if not RUN_ID_RE.match(run_id):
         raise UserError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-'")
@@ -160,20 +187,7 @@ def cmd_grade(args) -> int:
     for msg in line_errors:
         print(f"error: {msg}")
     client = ensure_engine(cfg.docker)
-    instance_errors: dict[str, str] = {}
-    todo = []
-    for p in preds:
-        iid = p["instance_id"]
-        task = tasks_by_id.get(iid)
-        if task is None:
-            instance_errors[iid] = str(bad_by_id[iid])
-        elif not task.gradable:
-            instance_errors[iid] = f"task {iid}: not gradable here: " + "; ".join(task.grading_gaps() + task.notes)
-        elif not image_exists(client, task.image):
-            instance_errors[iid] = (f"task {iid}: image {task.image} not found locally (build it: "
-                                    "sao tasks build --task-repo DIR)")
-        else:
-            todo.append((task, p))
+    todo, instance_errors = _gradable(preds, tasks_by_id, bad_by_id, client, image_exists)
     for _iid, msg in instance_errors.items():
         print(f"error: {msg}")
     t0 = time.monotonic()
@@ -205,10 +219,7 @@ def cmd_grade(args) -> int:
         "instances": results,
     }
     run_dir.mkdir(parents=True, exist_ok=True)
-    out = run_dir / "grade.json"
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    tmp.replace(out)
+    out = atomic_write_text(run_dir / "grade.json", json.dumps(summary, indent=2) + "\n")
     print(f"grade report: {out}" + (f"; swebench report: {swebench}" if swebench else ""))
     if infra:
         print(f"no verdict (infrastructure failures, never a reward): {', '.join(infra)}")

@@ -1,8 +1,9 @@
 """Episodes -> predictions: one SWE-bench prediction per instance, appended as its episode ends.
 
 ``predict(run_cfg, tasks, paths, policy, engine=, proxy=, log=) -> {instance_id: prediction}`` runs
-the episodes (``harness.rollout.run_rollout``, not graded) for the tasks without a prediction in
-``predictions.jsonl`` and appends one line per finished episode there, and one to ``episodes.jsonl``.
+the episodes (``harness.rollout.run_rollout``, not graded) for those of ``tasks`` (loaded and pre-flighted
+once, by ``eval.run.select_tasks``; their images ready) without a prediction in ``predictions.jsonl`` and
+appends one line per finished episode there, and one to ``episodes.jsonl``.
 An infra error gets no prediction (no verdict, never a 0): it is retried on the next start.
 """
 from __future__ import annotations
@@ -60,13 +61,11 @@ def predict(run_cfg, tasks, paths: EvalPaths, policy: Policy, *, engine=None, pr
     wanted = {t.instance_id for t in tasks}
     preds = {iid: p for iid, p in latest_by_instance(predictions.read()).items() if iid in wanted}
     reconcile(paths, policy.model_name, wanted, preds, episodes, predictions, log)
-    todo = [t.instance_id for t in tasks if t.instance_id not in preds]
+    todo = [t for t in tasks if t.instance_id not in preds]
     if len(preds):
         log(f"resume: {len(preds)}/{len(tasks)} instance(s) already predicted in {paths.predictions}")
     if not todo:
         return preds
-    run_cfg = run_cfg.model_copy(deep=True)
-    run_cfg.tasks.instances = todo
 
     def on_trajectory(traj, shard):
         episodes.append(episode_record(traj, shard))
@@ -78,5 +77,7 @@ def predict(run_cfg, tasks, paths: EvalPaths, policy: Policy, *, engine=None, pr
 
     log(f"predicting {len(todo)} instance(s) with {policy.model_name} (temperature {run_cfg.sampling.temperature:g}, "
         f"top_p {run_cfg.sampling.top_p:g}, {run_cfg.rollout.workers} at a time)")
-    run_rollout(run_cfg, engine=engine, proxy=proxy, grade=False, on_trajectory=on_trajectory, log=log)
+    # the tasks as select_tasks loaded them (not again), their images prepared by run_eval
+    run_rollout(run_cfg, todo, engine=engine, proxy=proxy, grade=False, on_trajectory=on_trajectory,
+                images_ready=True, log=log)
     return preds

@@ -1,7 +1,8 @@
 """`sao eval --config F`: the agent of a checkpoint on an evaluation set, graded by swebench.
 
 ``run_eval(cfg, *, instances=None, gold=None, engine=None, proxy=None, log=print) -> EvalOutcome``:
-1. picks the policy (``eval.policy``) and the tasks (``eval.dataset``, ``eval.instances``); checks,
+1. picks the policy (``eval.policy``) and the tasks (``eval.dataset``, ``eval.instances``: loaded and
+   pre-flighted once per run, ``select_tasks``, and that list passed down); checks,
    before any episode, that the dataset is reachable (a hub id fails fast offline), the tasks are
    gradable and their images exist (``tasks.images``: a task repo's are built; official images pulled
    where a registry answers, else a clear error); optionally grades the gold patches first (``--gold``);
@@ -66,7 +67,8 @@ def is_hub_id(dataset: str) -> bool:
 
 
 def select_tasks(cfg, instances: list[str] | None, log=print):
-    """The eval's tasks, in dataset order; fails fast (before any episode) on what cannot work."""
+    """The eval's tasks, in dataset order, loaded and pre-flighted once per run (everything below is handed
+    this list); fails fast (before any episode) on what cannot work."""
     ds = cfg.eval.dataset
     if is_hub_id(ds) and not _offline_flag():
         reason = hub_unreachable_reason(ds)
@@ -82,9 +84,10 @@ def select_tasks(cfg, instances: list[str] | None, log=print):
     return preflight(cfg, tasks, errors, source=ds, pull=True, log=log)  # gradable, image there or pullable
 
 
-def eval_run_config(cfg, *, name: str, model_path: str, instances: list[str]):
-    """The config of the eval's rollout: run dir ``<run.dir>/eval/<name>``, the eval dataset and
-    instances, the policy, and ``eval.temperature``/``eval.top_p`` in place of ``sampling.*``."""
+def eval_run_config(cfg, *, name: str, model_path: str):
+    """The config of the eval's rollout: run dir ``<run.dir>/eval/<name>``, the eval dataset as its task source,
+    the policy, and ``eval.temperature``/``eval.top_p`` in place of ``sampling.*``. Its tasks are not in it:
+    ``select_tasks`` loaded them once and the list goes down (``predict``, ``run_rollout(run_cfg, tasks)``)."""
     data = cfg.model_dump(mode="json")
     data["run"]["root"] = str(Path(cfg.run.dir) / "eval")
     data["run"]["name"] = name
@@ -93,7 +96,7 @@ def eval_run_config(cfg, *, name: str, model_path: str, instances: list[str]):
         data["sampling"][key] = getattr(cfg.eval, key)
     for key in ("temperature", "top_p", "top_k"):  # unused here; the config copies them from sampling.*
         data["trainer"].pop(key, None)
-    data["tasks"] = {"source": cfg.eval.dataset, "split": cfg.eval.split, "adapter": "auto", "instances": instances}
+    data["tasks"] = {"source": cfg.eval.dataset, "split": cfg.eval.split, "adapter": "auto"}
     data["rollout"]["workers"] = cfg.eval.workers or cfg.rollout.workers
     data["rollout"]["episodes_per_task"] = 1
     return type(cfg).model_validate(data)
@@ -136,7 +139,7 @@ def run_eval(cfg, *, instances: list[str] | None = None, gold: bool | None = Non
     policy = resolve_policy(cfg)
     tasks = select_tasks(cfg, list(instances or cfg.eval.instances or []), log=log)
     name = eval_name(cfg, policy)
-    run_cfg = eval_run_config(cfg, name=name, model_path=policy.model_path, instances=[t.instance_id for t in tasks])
+    run_cfg = eval_run_config(cfg, name=name, model_path=policy.model_path)
     paths = EvalPaths(Path(run_cfg.run.dir))
     manifest = {"name": name, **_fingerprint(cfg, run_cfg, policy), "model_name_or_path": policy.model_name,
                 "checkpoint": policy.checkpoint}

@@ -35,8 +35,11 @@ def register(sub, add_config_args):
 
 def cmd_rollout(args) -> int:
     from sao_harness.harness.rollout import run_rollout  # lazy: CLI handler (keeps `sao --help` fast)
+    from sao_harness.harness.runner import load_tasks
 
-    stats = run_rollout(args.cfg)
+    # once, before the first image or episode: loaded and pre-flighted (`tasks: N of M usable`), then passed down
+    tasks = load_tasks(args.cfg, "swe")
+    stats = run_rollout(args.cfg, tasks)
     return 0 if stats.done + stats.skipped >= stats.total else 1
 
 

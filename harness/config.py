@@ -1,5 +1,6 @@
-"""Config sections of the harness: the model, the engine and its sampling, the proxy, the agent, rollouts;
-and ``HarnessConfig``, the run config harness code reads (these sections and those of the layers below).
+"""Config sections of the harness: the model, the engine (one model per kind: ``harness.engines.config``) and
+its sampling, the proxy, the agent, rollouts; and ``HarnessConfig``, the run config harness code reads (these
+sections and those of the layers below).
 """
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, SerializeAsAny, field_validator
 
 from sao_harness.core.config import RunConfig, Section
 from sao_harness.envs.config import DockerConfig, SandboxConfig
-from sao_harness.harness.engines.registry import ENGINES, engine_spec
+from sao_harness.harness.engines.config import EngineBase, HFEngineConfig, engine_config
 from sao_harness.harness.testbeds.config import TestbedConfig
 from sao_harness.harness.tiny_model import MODEL_SHAPE, resolve_model_path
 from sao_harness.tasks.config import GradingConfig, TasksConfig
@@ -39,72 +40,6 @@ class SamplingConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling (1 = off)")
     top_k: int = Field(0, ge=0, description="top-k sampling (0 = off)")
     max_tokens: int = Field(1024, gt=0, description="tokens generated per model turn at most")
-
-
-class EngineConfig(Section):
-    """The inference engine that serves the policy: a kind of the engine registry (harness.engines), and its keys."""
-
-    kind: str = Field("hf", description="an engine of the registry (harness.engines): "
-                      + "; ".join(f"{s.kind}: {s.summary}" for s in ENGINES.values()))
-    options: dict = Field({}, validate_default=True, description="the engine's own options, for a kind whose "
-                          "spec declares them (EngineSpec.options); the built-in kinds take none")
-    device: str = Field("cpu", description="torch device of the hf engine")
-    max_batch: int = Field(8, gt=0, description="hf: requests decoded together")
-    timeout_s: float = Field(600.0, gt=0, description="seconds per engine call")
-    num_threads: int = Field(0, ge=0, description="hf: torch threads of the engine; 0 = automatic (1 for tiny "
-                             "models)")
-    tensor_parallel_size: int = Field(1, gt=0, description="vllm: GPUs per engine")
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: fraction of GPU memory it may take")
-    max_model_len: int | None = Field(None, gt=0, description="the context length the engine serves (vllm: "
-                                      "passed to it); null = the model's max_position_embeddings; the proxy's "
-                                      "context budget is capped at it")
-    replicas: int = Field(1, gt=0, description="sao train: engine replicas (Ray actors, each with its own proxy); "
-                          "each episode goes to the least-loaded one")
-    gpus_per_replica: float | None = Field(None, ge=0, description="sao train: GPUs Ray reserves per replica; null "
-                                           "= tensor_parallel_size for vllm, 0 otherwise")
-    node_resources: dict[str, float] = Field({}, description="sao train: custom Ray resources each replica takes "
-                                             "(places replicas on the nodes that declare them), e.g. {engine: 1}")
-    # --- vllm: engine arguments, KV cache, interpreter (issue 26) ---
-    vllm_args: dict = Field({}, description="vllm: extra vllm.AsyncEngineArgs fields, e.g. {enforce_eager: true, "
-                            "max_num_seqs: 64, enable_expert_parallel: true, kv_cache_dtype: fp8, hf_overrides: "
-                            "{rope_scaling: {...}}}; keys are checked against vLLM's dataclass")
-    kv_cache_bytes: int | None = Field(None, gt=0, description="vllm: KV cache bytes; on CPU VLLM_CPU_KVCACHE_SPACE "
-                                       "(GiB, rounded up; null = 1 GiB), on GPUs kv_cache_memory_bytes (null = "
-                                       "gpu_memory_utilization decides)")
-    vllm_python: str | None = Field(None, description="vllm, sao train: the Python the engine replicas run with (a Ray "
-                                    "runtime_env py_executable); null = this one if vLLM imports here, else "
-                                    ".venv-vllm/bin/python (make test-vllm)")
-
-    @field_validator("kind")
-    @classmethod
-    def _registered_kind(cls, v: str) -> str:
-        engine_spec(v)  # ValueError listing the known kinds
-        return v
-
-    @field_validator("options")
-    @classmethod
-    def _engine_options(cls, v: dict, info: ValidationInfo) -> dict:
-        """``v`` checked by the kind's options model (its defaults filled in); {} for a kind that takes none."""
-        if "kind" not in info.data:  # the kind failed its own check
-            return v
-        spec = engine_spec(info.data["kind"])
-        if spec.options is None:
-            if v:
-                raise ValueError(f"engine.kind={spec.kind} takes no options")
-            return v
-        try:
-            return spec.options.model_validate(v).model_dump()
-        except ValidationError as e:
-            first = e.errors()[0]
-            raise ValueError(f"engine.options.{'.'.join(map(str, first['loc']))} of engine.kind={spec.kind}: "
-                             f"{first['msg']}") from None
-
-    @field_validator("vllm_args")
-    @classmethod
-    def _known_vllm_args(cls, v: dict) -> dict:
-        from sao_harness.harness.engines.vllm_args import check_vllm_args  # lazy: the engines package
-
-        return check_vllm_args(v)
 
 
 TOKEN_ENV = "SAO_PROXY_TOKEN"  # the proxy token when proxy.token is unset (keeps it out of configs)
@@ -187,7 +122,7 @@ class HarnessConfig(Section):
 
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
-    engine: EngineConfig = EngineConfig()
+    engine: SerializeAsAny[EngineBase] = HFEngineConfig()  # the model of engine.kind (harness.engines.config)
     sampling: SamplingConfig = SamplingConfig()
     proxy: ProxyConfig = ProxyConfig()
     agent: AgentConfig = AgentConfig()
@@ -197,6 +132,12 @@ class HarnessConfig(Section):
     tasks: TasksConfig = TasksConfig()
     grading: GradingConfig = GradingConfig()
     testbed: TestbedConfig = TestbedConfig()
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_of_its_kind(cls, v):
+        """``engine`` is the model of its ``engine.kind`` (hf where absent)."""
+        return engine_config(v)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """`sao rollout` / `make rollout-swe`: episodes over a task source, N in parallel, one trace each.
 
+- ``run_rollout(cfg, tasks)`` runs the tasks its caller loaded and pre-flighted once (``sao rollout``:
+  ``harness.runner.load_tasks(cfg, "swe")``; ``sao eval``: ``eval.run.select_tasks``); it loads none itself,
+  nor does the policy it starts (the expert engine is handed the same list).
 - Each finished episode is written to the run's trace store at once (one shard per trajectory).
 - Resume: a task that already has ``rollout.episodes_per_task`` trajectories that are not
   ``infra_error`` in the store is not run again.
@@ -38,9 +41,8 @@ from sao_harness.harness.runner import episode_function, run_with_retries
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.tiny_model import resolve_model_path
 from sao_harness.harness.trace import Status, Trajectory
-from sao_harness.tasks.formats.loaders import tasks_from_config
 from sao_harness.tasks.images.prepare import prepare_task_images
-from sao_harness.tasks.preflight import preflight
+from sao_harness.tasks.model import Task
 
 
 class TooManyInfraErrors(UserError):
@@ -120,9 +122,10 @@ def prepare_images(cfg: HarnessConfig, tasks, log=print) -> None:
     prepare_task_images(cfg, ensure_engine(cfg.docker), cfg.tasks.source, tasks, pull=False, log=log)
 
 
-def start_policy(cfg: HarnessConfig):
+def start_policy(cfg: HarnessConfig, tasks: list[Task] | None = None):
     """The engine and the started proxy that serves it on loopback; a chat template that cannot serve
-    ``proxy.tool_format`` is a ``UserError`` before the engine starts (``harness.proxy.tool_support``)."""
+    ``proxy.tool_format`` is a ``UserError`` before the engine starts (``harness.proxy.tool_support``).
+    ``tasks``: the run's tasks, for an engine that serves them (``make_engine``; None: it loads the config's)."""
     from transformers import AutoTokenizer  # lazy: heavy
 
     path = resolve_model_path(cfg.model)
@@ -130,21 +133,23 @@ def start_policy(cfg: HarnessConfig):
     verdict = tool_support(template_from_config(tokenizer, cfg.proxy), cfg.proxy, path)
     if not verdict.ok:
         raise UserError(verdict.message())
-    engine = make_engine(cfg)
+    engine = make_engine(cfg, tasks=tasks)
     proxy = ProxyServer(engine, tokenizer, cfg)
     proxy.start(port=0)
     return engine, proxy
 
 
-def run_rollout(cfg: HarnessConfig, *, engine=None, proxy=None, grade: bool = True, on_trajectory=None,
-                log=print) -> RolloutStats:
-    """Run the rollout described by ``cfg``; ``engine``/``proxy`` may be given (tests, scripted policy).
+def run_rollout(cfg: HarnessConfig, tasks: list[Task], *, engine=None, proxy=None, grade: bool = True,
+                on_trajectory=None, images_ready: bool = False, log=print) -> RolloutStats:
+    """Run ``rollout.episodes_per_task`` episodes of each of ``tasks`` with the settings of ``cfg``.
 
-    ``grade=False`` leaves rewards unset (``eval`` grades in bulk); ``on_trajectory(traj, shard)`` is
-    called after each trajectory is stored. ``TooManyInfraErrors`` after the summary when the run
-    stopped on ``rollout.max_infra_frac`` (module doc)."""
-    tasks, errors = tasks_from_config(cfg)
-    runnable = preflight(cfg, tasks, errors, log=log)  # before the first episode: gradable, image there
+    ``tasks``: loaded and pre-flighted once by the caller (``tasks.preflight``: gradable, image there or
+    buildable; module doc), in order; loaded again by nothing here. ``engine``/``proxy`` may be given (tests,
+    scripted policy); else they are started (``start_policy``) and stopped at the end. ``grade=False`` leaves
+    rewards unset (``eval`` grades in bulk); ``on_trajectory(traj, shard)`` is called after each trajectory is
+    stored; ``images_ready``: the caller built or pulled the tasks' images (``sao eval``), not done again.
+    ``TooManyInfraErrors`` after the summary when the run stopped on ``rollout.max_infra_frac`` (module doc)."""
+    runnable = list(tasks)
     store = TraceStore(cfg.run.dir)
     store.clean_partial()
     done = completed_counts(store)
@@ -158,10 +163,11 @@ def run_rollout(cfg: HarnessConfig, *, engine=None, proxy=None, grade: bool = Tr
         log("nothing to do: every task has its trajectories")
         return stats
     size_process(cfg.rollout.workers, log=log)  # open files, Docker connections (harness.capacity)
-    prepare_images(cfg, {t.instance_id: t for t in todo}.values(), log=log)
+    if not images_ready:
+        prepare_images(cfg, {t.instance_id: t for t in todo}.values(), log=log)
     own = proxy is None
     if own:
-        engine, proxy = start_policy(cfg)
+        engine, proxy = start_policy(cfg, runnable)
     run_id = f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     ctx = EpisodeContext(cfg=cfg, proxy=proxy, run_id=run_id, grade=grade)
     lock = threading.Lock()

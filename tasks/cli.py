@@ -290,7 +290,7 @@ def cmd_check(args) -> int:
 
         base = resolve_base_image(args.cfg, client, getattr(args, "base_image", None))
         print(f"images of {repo} (cached builds on {base}):")
-        build_task_repo(client, repo, base, only=[t.instance_id for t in tasks], log=lambda m: print("  " + m))
+        build_task_repo(client, repo, base, tasks=tasks, log=lambda m: print("  " + m))
     run_base = new_run_id("check")
     log_root = args.cfg.run.dir / "logs" / "run_evaluation"
     timeout = args.cfg.grading.timeout_s

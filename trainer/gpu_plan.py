@@ -310,6 +310,7 @@ def plan(cfg) -> GPUPlan | None:
     checkpointing = t.gradient_checkpointing or (above is not None and tokens > above)
     ranks = rt.world_size if rt.device.startswith("cuda") else 0
     per_replica = math.ceil(replica_gpus(e))
+    tp = getattr(e, "tensor_parallel_size", 1)  # a key of the vllm kind (engine.* keys are the kind's)
     free = [c.gpus_per_node] * c.nodes
     available = c.nodes * c.gpus_per_node
     need = f"{ranks} trainer GPUs (runtime.world_size) + {e.replicas} x {per_replica} engine GPUs (engine.replicas)"
@@ -323,7 +324,7 @@ def plan(cfg) -> GPUPlan | None:
         trainer_nodes.append(node)
     if per_replica > c.gpus_per_node:
         raise ValueError(f"engine.gpus_per_replica: a replica's {per_replica} GPUs (tensor parallel "
-                         f"{e.tensor_parallel_size}) must share one node of cluster.gpus_per_node = {c.gpus_per_node}")
+                         f"{tp}) must share one node of cluster.gpus_per_node = {c.gpus_per_node}")
     engine_nodes = _place(free, [per_replica] * e.replicas) if per_replica else []
     if engine_nodes is None:
         raise ValueError(f"engine.replicas: {need} do not fit cluster.nodes x cluster.gpus_per_node = {c.nodes} x "
@@ -332,7 +333,7 @@ def plan(cfg) -> GPUPlan | None:
                 shapes_source=source, policy_params=total_params(counts), critic_trained=critic[0],
                 critic_frozen=critic[1], trainer_ranks=ranks, trainer_nodes=trainer_nodes, tokens=tokens,
                 checkpointing=checkpointing, offload=offload, trainer=None, replicas=e.replicas,
-                gpus_per_replica=per_replica, tensor_parallel=e.tensor_parallel_size, engine_nodes=engine_nodes,
+                gpus_per_replica=per_replica, tensor_parallel=tp, engine_nodes=engine_nodes,
                 context=context, episodes_per_replica=cfg.rollout.workers / e.replicas)
     if ranks:
         m = trainer_memory(shapes, ranks, tokens, b, checkpointing, t.logprob_chunk, offload,
@@ -352,11 +353,10 @@ def plan(cfg) -> GPUPlan | None:
             raise ValueError(f"cluster.host_memory_bytes: the offloaded optimizer needs {host_per_node / GiB:.1f} GiB "
                              f"of host memory per node > {c.host_memory_bytes / GiB:.1f} GiB")
     if per_replica and engine_spec(e.kind).gpu_kv_cache:
-        tp = e.tensor_parallel_size
-        kv_b = 1 if str(e.vllm_args.get("kv_cache_dtype", "auto")).startswith("fp8") else b
+        kv_b = 1 if str(getattr(e, "vllm_args", {}).get("kv_cache_dtype", "auto")).startswith("fp8") else b
         p.engine_weights = p.policy_params * b / tp
         p.kv_per_token = kv_bytes_per_token(shapes, tp, kv_b)
-        p.engine_kv = (e.kv_cache_bytes if e.kv_cache_bytes is not None
+        p.engine_kv = (e.kv_cache_bytes if getattr(e, "kv_cache_bytes", None) is not None
                        else e.gpu_memory_utilization * c.gpu_memory_bytes - p.engine_weights)
         if p.engine_kv < p.kv_per_token * context:
             raise ValueError(f"engine.tensor_parallel_size: weights {p.engine_weights / GiB:.1f} GiB per GPU leave a "

@@ -353,10 +353,9 @@ class VLLMEngine(Engine):
     @classmethod
     def from_config(cls, cfg, **kwargs) -> VLLMEngine:
         """Reads model.path / dtype, engine.{tensor_parallel_size, gpu_memory_utilization, timeout_s, max_model_len,
-        vllm_args, kv_cache_bytes}, run.seed, and runtime.weight_bucket_mb (where the config has a runtime)."""
-        e, runtime = cfg.engine, getattr(cfg, "runtime", None)
-        if runtime is not None:
-            kwargs.setdefault("bucket_bytes", int(runtime.weight_bucket_mb * 2**20))
+        vllm_args, kv_cache_bytes}, run.seed; ``bucket_bytes=`` comes from the caller (sao train:
+        runtime.weight_bucket_mb)."""
+        e = cfg.engine
         return cls(resolve_model_path(cfg.model), dtype=cfg.model.dtype, tensor_parallel_size=e.tensor_parallel_size,
                    gpu_memory_utilization=e.gpu_memory_utilization, timeout_s=e.timeout_s, seed=cfg.run.seed,
                    max_model_len=e.max_model_len, vllm_args=e.vllm_args, kv_cache_bytes=e.kv_cache_bytes, **kwargs)

@@ -296,6 +296,38 @@ def _recase(word: str, like: str) -> str:
         word.capitalize() if like[0].isupper() else word
 
 
+def _units(body: str, keep: set[int], vocab: _Vocabulary, either: set[str], both: set[str]) -> tuple[list, list]:
+    """The units of ``body`` that ``_natural_string`` may change: (natural, unique), each a list of
+    (start, end, the words it may become (None: redrawn), the run it is part of (None: the unit is the run)).
+    natural: units found elsewhere in the module that have another module word of their shape; unique:
+    units found nowhere else. ``either`` / ``both``: the literal's words read in its value or its source
+    text / in both (``_literal_terms``)."""
+    def elsewhere(word: str) -> bool:
+        return vocab.seen[word.lower()] > (word.lower() in either)
+
+    def options(word: str) -> list[str]:
+        return [_recase(w, word) for w in vocab.shared.get(_mask(word), ())
+                if w != word.lower() and vocab.counts[w] > (w in both)]
+
+    masked = "".join(ch if i not in keep and ch in _ALNUM else " " for i, ch in enumerate(body))
+    natural, unique = [], []
+    for m in _RUN.finditer(masked):
+        run, at = m.group(), m.start()
+        parts = [(at + w.start(), at + w.end(), w.group()) for w in _WORD.finditer(run)]
+        if elsewhere(run):
+            if _simple(run) and (opts := options(run)):
+                natural.append((at, m.end(), opts, None))
+        elif len(parts) == 1:
+            unique.append((at, m.end(), None, None))
+        else:
+            for start, end, word in parts:
+                if not elsewhere(word):
+                    unique.append((start, end, None, (at, m.end())))
+                elif opts := options(word):
+                    natural.append((start, end, opts, (at, m.end())))
+    return natural, unique
+
+
 def _natural_string(prefix: str, quote: str, body: str, value: str | bytes, keep: set[int], rng: random.Random,
                     regex: bool, vocab: _Vocabulary) -> str | None:
     """A token of ``value``'s shape drawn from the module's own vocabulary (None: it has none).
@@ -328,31 +360,7 @@ def _natural_string(prefix: str, quote: str, body: str, value: str | bytes, keep
         for b in bodies:
             if (out := made(b)) is not None:
                 return out[0]
-    either, both = _literal_terms(body, value)
-
-    def elsewhere(word: str) -> bool:
-        return vocab.seen[word.lower()] > (word.lower() in either)
-
-    def options(word: str) -> list[str]:
-        return [_recase(w, word) for w in vocab.shared.get(_mask(word), ())
-                if w != word.lower() and vocab.counts[w] > (w in both)]
-
-    masked = "".join(ch if i not in keep and ch in _ALNUM else " " for i, ch in enumerate(body))
-    natural, unique = [], []  # (start, end, the words it may become (None: redrawn), the run it is part of)
-    for m in _RUN.finditer(masked):
-        run, at = m.group(), m.start()
-        parts = [(at + w.start(), at + w.end(), w.group()) for w in _WORD.finditer(run)]
-        if elsewhere(run):
-            if _simple(run) and (opts := options(run)):
-                natural.append((at, m.end(), opts, None))
-        elif len(parts) == 1:
-            unique.append((at, m.end(), None, None))
-        else:
-            for start, end, word in parts:
-                if not elsewhere(word):
-                    unique.append((start, end, None, (at, m.end())))
-                elif opts := options(word):
-                    natural.append((start, end, opts, (at, m.end())))
+    natural, unique = _units(body, keep, vocab, *_literal_terms(body, value))
     pool = natural or unique
     if not pool:
         return None

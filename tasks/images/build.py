@@ -20,6 +20,7 @@ from pathlib import Path
 from sao_harness.core.errors import UserError
 from sao_harness.envs.images import ensure_base_image, image_exists
 from sao_harness.tasks.formats.loaders import load_tasks_lenient
+from sao_harness.tasks.model import Task
 
 RECIPE_LABEL = "sao.recipe"
 TASK_LABEL = "sao.task"
@@ -122,10 +123,14 @@ def resolve_base_image(cfg, client, base_image: str | None = None, *, log=print)
     return base_image
 
 
-def build_task_repo(client, repo: Path, base: str, *, only: list[str] | None = None, force: bool = False,
-                    nocache: bool = False, log=print) -> list[BuildResult]:
-    """Build every task image of ``repo`` (or those in ``only``) on ``base``, printing progress."""
-    tasks, errors = load_tasks_lenient(str(repo), adapter="swebench", instances=only)
+def build_task_repo(client, repo: Path, base: str, *, tasks: list[Task] | None = None, only: list[str] | None = None,
+                    force: bool = False, nocache: bool = False, log=print) -> list[BuildResult]:
+    """Build every task image of ``repo`` (or those in ``only``) on ``base``, printing progress; ``tasks``: the
+    repo's tasks a caller loaded already (not read again)."""
+    if tasks is None:
+        tasks, errors = load_tasks_lenient(str(repo), adapter="swebench", instances=only)
+    else:
+        errors = []
     results: list[BuildResult] = []
     for e in errors:
         results.append(BuildResult(e.instance_id or "?", "", "failed", 0.0, str(e)))

@@ -46,7 +46,7 @@ def build_repo_images(cfg, client, repo, tasks, log=print) -> None:
     if missing:
         log(f"building {len(missing)} missing task image(s) of {repo}")
     base = resolve_base_image(cfg, client, log=log)
-    results = build_task_repo(client, repo, base, only=[t.instance_id for t in tasks],
+    results = build_task_repo(client, repo, base, tasks=list(tasks),
                               log=log if missing else (lambda *_: None))
     failed = [r for r in results if r.status == "failed"]
     if failed:

@@ -1,9 +1,10 @@
 """The package layers: one-way imports (import-linter), and imports at module top.
 
 Layers, bottom to top: core < envs < tasks < harness < trainer < eval < sao, each the folder of
-``sao_harness.<layer>``. The contracts (one per layer) live in pyproject.toml; `make lint` runs them
-through scripts/lint_imports.py too. The second test shows they have power: the same check on a
-copy of the tree with one backward import fails.
+``sao_harness.<layer>``; inside trainer/ and tasks/, their rooms. The contracts (one per layer, one per
+package of rooms, and the rooms' config modules) live in pyproject.toml; `make lint` runs them through
+scripts/lint_imports.py too. The second test shows they have power: the same check on a copy of the
+tree with a backward import between layers, and one between rooms of each package, fails on each.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ NAMESPACE = "sao_harness"
 # The product's folders: the ones sao_harness/ links to (sao_harness/core -> ../core, ...), the one mapping.
 PACKAGES = tuple(sorted(link.name for link in (ROOT / NAMESPACE).iterdir() if link.is_symlink()))
 LINT_IMPORTS = ROOT / "scripts" / "lint_imports.py"
+CONTRACTS = len(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"])
 
 
 def _lint_imports(root: Path) -> subprocess.CompletedProcess:
@@ -31,21 +34,28 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess:
 def test_layers_contracts_are_kept():
     out = _lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert f"{len(PACKAGES) - 1} kept, 0 broken" in out.stdout  # one per layer but the top one
+    assert CONTRACTS >= len(PACKAGES) - 1 + 2  # one per layer but the top one, one per package of rooms
+    assert f"{CONTRACTS} kept, 0 broken" in out.stdout
 
 
 def test_a_backward_import_breaks_the_contract(tmp_path):
-    """Power check: core importing sao (a backward import, even inside a function) fails the contract."""
+    """Power check: core importing sao (a backward import, even inside a function) fails its layer's contract;
+    a room importing a room above it (trainer's modeling the loop, tasks' formats the grader) fails its own."""
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("suite", "bundled", "__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     shutil.copytree(ROOT / NAMESPACE, tmp_path / NAMESPACE, symlinks=True)  # its links reach the copies
     (tmp_path / "core" / "backward.py").write_text(
         "def f():\n    from sao_harness.sao import cli  # noqa\n    return cli\n")
+    (tmp_path / "trainer" / "modeling" / "backward.py").write_text("from sao_harness.trainer.run import loop  # noqa\n")
+    (tmp_path / "tasks" / "formats" / "backward.py").write_text("import sao_harness.tasks.grading.grade  # noqa\n")
     out = _lint_imports(tmp_path)
     assert out.returncode != 0
-    assert f"{len(PACKAGES) - 2} kept, 1 broken" in out.stdout, out.stdout[-2000:]
-    assert "sao_harness.core.backward -> sao_harness.sao.cli" in out.stdout, out.stdout[-2000:]
+    assert f"{CONTRACTS - 3} kept, 3 broken" in out.stdout, out.stdout[-2000:]
+    for line in ("sao_harness.core.backward -> sao_harness.sao.cli",
+                 "sao_harness.trainer.modeling.backward -> sao_harness.trainer.run.loop",
+                 "sao_harness.tasks.formats.backward -> sao_harness.tasks.grading.grade"):
+        assert line in out.stdout, out.stdout[-3000:]
 
 
 def _noted(lines: list[str], lineno: int) -> bool:

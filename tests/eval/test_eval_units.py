@@ -139,11 +139,12 @@ def test_eval_sampling_overrides_the_rollout_sampling(tmp_path):
     cfg = load_config("configs/local.yaml", [f"run.root={tmp_path}", "run.name=r", "sampling.temperature=0.7",
                                              "eval.temperature=0", "eval.top_p=0.9", "eval.workers=3",
                                              "eval.dataset=/data/rows.jsonl"])
-    rc = eval_run_config(cfg, name="ev", model_path="/m", instances=IDS[:2])
+    rc = eval_run_config(cfg, name="ev", model_path="/m")
     assert (rc.sampling.temperature, rc.sampling.top_p) == (0.0, 0.9)
     assert rc.sampling.max_tokens == cfg.sampling.max_tokens
     assert rc.run.dir == tmp_path / "r" / "eval" / "ev"
-    assert (rc.tasks.source, rc.tasks.instances, rc.model.path) == ("/data/rows.jsonl", IDS[:2], "/m")
+    assert (rc.tasks.source, rc.model.path) == ("/data/rows.jsonl", "/m")
+    assert rc.tasks.instances == []  # the task list goes down as list[Task] (select_tasks), never in a config
     assert rc.rollout.workers == 3 and cfg.sampling.temperature == 0.7  # the caller's config is untouched
 
 

@@ -331,14 +331,14 @@ def test_seeds_dropped_only_where_chunked_prefill_would_kill_a_cpu_engine():
 
 
 def test_vllm_args_are_checked_against_the_shipped_field_list():
-    from sao_harness.harness.config import EngineConfig
+    from sao_harness.harness.engines.config import VLLMEngineConfig
 
-    assert EngineConfig(vllm_args={"enforce_eager": True, "max_num_seqs": 4, "kv_cache_dtype": "fp8",
-                                   "enable_expert_parallel": True, "hf_overrides": {"rope_scaling": {}}}).vllm_args
+    assert VLLMEngineConfig(vllm_args={"enforce_eager": True, "max_num_seqs": 4, "kv_cache_dtype": "fp8",
+                                       "enable_expert_parallel": True, "hf_overrides": {"rope_scaling": {}}}).vllm_args
     for bad, why in [({"enforce_eagr": True}, "close: enforce_eager"), ({"seed": 1}, "run.seed"),
                      ({"worker_extension_cls": "x"}, "set by the engine")]:
         with pytest.raises(ValueError, match=why):
-            EngineConfig(vllm_args=bad)
+            VLLMEngineConfig(vllm_args=bad)
 
 
 def test_fused_experts_split_into_per_expert_checkpoint_names():

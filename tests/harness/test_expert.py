@@ -145,7 +145,7 @@ def test_expert_episodes_resolve_are_short_and_traces_hold_the_emitted_ids(docke
         proxy = ProxyServer(engine, tokenizer, cfg)
         proxy.start(port=0)
         try:
-            stats = run_rollout(cfg, engine=engine, proxy=proxy, log=lambda *_: None)
+            stats = run_rollout(cfg, tasks, engine=engine, proxy=proxy, log=lambda *_: None)
         finally:
             proxy.stop()
         assert stats.done == len(ids) and stats.resolved == len(ids)

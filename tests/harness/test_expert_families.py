@@ -186,12 +186,13 @@ def test_expert_episodes_resolve_in_other_families(docker_engine, project_root, 
     made = make_engine(cfg, read_file=None)
     assert isinstance(made, ExpertEngine) and made.tool_format == (
         "prompt" if tool_format == "prompt" else FAMILIES[fam].tool_parser)
-    engine = Spy(ExpertEngine(tok, load_tasks("bundled", instances=ids), read_file=image_file_reader(cfg.docker),
+    tasks = load_tasks("bundled", instances=ids)
+    engine = Spy(ExpertEngine(tok, tasks, read_file=image_file_reader(cfg.docker),
                               tool_format=made.tool_format))
     proxy = ProxyServer(engine, tok, cfg)
     proxy.start(port=0)
     try:
-        stats = run_rollout(cfg, engine=engine, proxy=proxy, log=lambda *_: None)
+        stats = run_rollout(cfg, tasks, engine=engine, proxy=proxy, log=lambda *_: None)
     finally:
         proxy.stop()
     trajs = {t.task_id: t for t in TraceStore(cfg.run.dir)}

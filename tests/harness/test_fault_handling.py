@@ -76,12 +76,12 @@ def fake_rollout(monkeypatch, tmp_path, n: int = 6):
                 break  # the one running when the write failed ends (the run stopped: its trace is not kept)
         return Trajectory(task_id=task.instance_id, traj_id=eid, status=Status.OK, reward=1.0)
 
-    stub_rollout(monkeypatch, tasks, episode)
+    stub_rollout(monkeypatch, episode)
     cfg = load_config(None, [f"run.root={tmp_path}", "run.name=r", "rollout.workers=1", "rollout.max_retries=0"])
 
     def run():
         run.gate, run.started, run.failed_at = threading.Semaphore(1), [], None
-        return run_rollout(cfg, engine=object(), proxy=object(), log=lambda line: None,
+        return run_rollout(cfg, tasks, engine=object(), proxy=object(), log=lambda line: None,
                            on_trajectory=lambda traj, shard: run.gate.release())
 
     return cfg, run

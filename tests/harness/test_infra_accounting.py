@@ -174,12 +174,12 @@ def fake_rollout(monkeypatch, tmp_path, failing: set[int], *overrides, n: int = 
             raise engine_gone()
         return Trajectory(task_id=task.instance_id, traj_id=eid, status=Status.OK, reward=1.0)
 
-    stub_rollout(monkeypatch, tasks, episode)
+    stub_rollout(monkeypatch, episode)
     cfg = load_config(None, [f"run.root={tmp_path}", "run.name=r", "rollout.workers=1", "rollout.max_retries=0",
                              *overrides])
     lines: list[str] = []
     try:
-        result = run_rollout(cfg, engine=object(), proxy=object(), log=lines.append,
+        result = run_rollout(cfg, tasks, engine=object(), proxy=object(), log=lines.append,
                              on_trajectory=lambda traj, shard: gate.release())
     except TooManyInfraErrors as e:
         result = e

@@ -17,6 +17,7 @@ from sao_harness.harness.episode import run_episode
 from sao_harness.harness.proxy import ProxyServer
 from sao_harness.harness.rollout import run_rollout
 from sao_harness.harness.runner import episode_function, run_with_retries
+from sao_harness.harness.runner import load_tasks as run_tasks
 from sao_harness.harness.store import TraceStore
 from sao_harness.harness.trace import Status, Trajectory
 from sao_harness.sao.config import load_config
@@ -58,10 +59,12 @@ class Recording(ScriptedPolicyEngine):
 
 
 def rollout(cfg, engine, tokenizer):
+    """As `sao rollout` runs: the config's tasks loaded and pre-flighted once, then the rollout over them."""
     proxy = ProxyServer(engine, tokenizer, cfg)
     proxy.start(port=0)
     try:
-        return run_rollout(cfg, engine=engine, proxy=proxy, log=lambda *_: None)
+        return run_rollout(cfg, run_tasks(cfg, "swe", log=lambda *_: None), engine=engine, proxy=proxy,
+                           log=lambda *_: None)
     finally:
         proxy.stop()
 

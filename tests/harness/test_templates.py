@@ -246,11 +246,12 @@ def test_openhands_expert_episode_resolves_with_the_qwen3_template(docker_engine
         def next_reply(self, prompt_ids):
             return f"<think>\nStep: edit the file, then finish.\n</think>\n\n{super().next_reply(prompt_ids)}"
 
-    engine = ThinkingExpert(tok, load_tasks("bundled", instances=[task]), read_file=image_file_reader(cfg.docker))
+    tasks = load_tasks("bundled", instances=[task])
+    engine = ThinkingExpert(tok, tasks, read_file=image_file_reader(cfg.docker))
     proxy = ProxyServer(engine, tok, cfg)
     proxy.start(port=0)
     try:
-        stats = run_rollout(cfg, engine=engine, proxy=proxy, log=lambda *_: None)
+        stats = run_rollout(cfg, tasks, engine=engine, proxy=proxy, log=lambda *_: None)
     finally:
         proxy.stop()
     assert stats.done == 1 and stats.resolved == 1

@@ -41,7 +41,7 @@ def no_episode(monkeypatch):
     from sao_harness.harness.rollout import RolloutStats
 
     calls = []
-    monkeypatch.setattr(rollout, "run_rollout", lambda cfg, **kw: calls.append(cfg) or RolloutStats())
+    monkeypatch.setattr(rollout, "run_rollout", lambda cfg, tasks, **kw: calls.append(cfg) or RolloutStats())
     return calls
 
 

@@ -108,7 +108,18 @@ MOVED_VALUES = {
     "testbed.simulated.env_sleep_s": 0.5, "testbed.simulated.infra_error_rate": 0.1,
     "testbed.simulated.engine_s": 0.01,
     "grading.timeout_s": 60.0, "grading.output_cap_bytes": 1000, "grading.guard": False,
+    "engine.tensor_parallel_size": 2,
 }
+# an `a.b.*` entry of MOVED_KEYS is tried with one key under it, beside the overrides that key needs
+WILDCARD_KEYS = {"engine.options.*": ("tensor_parallel_size", ["engine.kind=vllm"])}
+
+
+def _moved(old: str, new: str) -> tuple[str, str, list[str]]:
+    """``(old, new, overrides)`` of a MOVED_KEYS entry, a `.*` one with its key of WILDCARD_KEYS."""
+    if not old.endswith(".*"):
+        return old, new, []
+    key, extra = WILDCARD_KEYS[old]
+    return old[:-1] + key, new[:-1] + key, extra
 
 
 def _get(cfg, dotted: str):
@@ -121,18 +132,19 @@ def _get(cfg, dotted: str):
 def test_a_moved_key_still_loads_in_its_old_place_with_a_warning(old, new, removed_in):
     """The old key (an override here) lands at the new key, with a one-line FutureWarning naming the new key
     and the version that removes the old one."""
+    old, new, extra = _moved(old, new)
     value = MOVED_VALUES[new]
-    assert value != _get(Config(), new)  # else the test could not tell the move from the default
+    assert value != _get(load_config(None, extra), new)  # else the test could not tell the move from the default
     version = tuple(map(int, importlib.metadata.version("sao-harness").split(".")))
     assert tuple(map(int, removed_in.split("."))) > version, f"{old}: removed in {removed_in}, so remove it now"
     with pytest.warns(FutureWarning, match=rf"^{re.escape(old)} is deprecated: use {re.escape(new)} "
                                            rf"\({re.escape(old)} is removed in {re.escape(removed_in)}\)$"):
-        cfg = load_config(None, [f"{old}={json.dumps(value)}"])
+        cfg = load_config(None, [*extra, f"{old}={json.dumps(value)}"])
     assert _get(cfg, new) == value
 
 
 def test_moved_keys_in_a_file_and_every_moved_key_covered(tmp_path):
-    assert set(MOVED_VALUES) == {new for new, _ in MOVED_KEYS.values()}
+    assert set(MOVED_VALUES) == {_moved(old, new)[1] for old, (new, _) in MOVED_KEYS.items()}
     f = tmp_path / "old.yaml"
     f.write_text("trainer:\n  env: toy\n  toy_turns: 4\n  world_size: 2\n  top_k: 16\n")
     with pytest.warns(FutureWarning):

@@ -1,4 +1,4 @@
-"""`run_rollout` with no task loading, pre-flight, images or sandbox scope: only `episode` runs."""
+"""`run_rollout` with no images or sandbox scope: only `episode` runs (over the tasks it is given)."""
 from __future__ import annotations
 
 import contextlib
@@ -6,10 +6,8 @@ import contextlib
 from sao_harness.harness import rollout
 
 
-def stub_rollout(monkeypatch, tasks, episode) -> None:
-    """Make `run_rollout` run `episode(task, ctx, eid)` over `tasks` and nothing else."""
-    monkeypatch.setattr(rollout, "tasks_from_config", lambda cfg: (tasks, []))
-    monkeypatch.setattr(rollout, "preflight", lambda cfg, tasks, errors, log: tasks)
+def stub_rollout(monkeypatch, episode) -> None:
+    """Make `run_rollout(cfg, tasks)` run `episode(task, ctx, eid)` over `tasks` and nothing else."""
     monkeypatch.setattr(rollout, "prepare_images", lambda cfg, tasks, log: None)
     monkeypatch.setattr(rollout, "episode_function", lambda env: episode)
     monkeypatch.setattr(rollout, "run_scope", lambda run_id: contextlib.nullcontext())

@@ -90,13 +90,13 @@ def test_shipped_engine_arg_fields_are_the_installed_vllms():
 
 
 def test_vllm_args_checked_at_config_time():
-    from sao_harness.harness.config import EngineConfig
+    from sao_harness.harness.engines.config import VLLMEngineConfig
 
-    cfg = EngineConfig(kind="vllm", vllm_args={"enforce_eager": True, "max_num_seqs": 4, "enable_expert_parallel": True,
-                                                "kv_cache_dtype": "auto",
-                                                "hf_overrides": {"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}})
+    cfg = VLLMEngineConfig(vllm_args={"enforce_eager": True, "max_num_seqs": 4, "enable_expert_parallel": True,
+                                      "kv_cache_dtype": "auto",
+                                      "hf_overrides": {"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}})
     assert cfg.vllm_args["max_num_seqs"] == 4
     with pytest.raises(ValueError, match="enforce_eagr.*close: enforce_eager"):
-        EngineConfig(vllm_args={"enforce_eagr": True})
+        VLLMEngineConfig(vllm_args={"enforce_eagr": True})
     with pytest.raises(ValueError, match="engine.max_model_len"):
         check_vllm_args({"max_model_len": 10})

@@ -494,9 +494,8 @@ class RankTrainer:
                                        keep=keep, rng=rng)
 
     def counters(self) -> dict[str, int]:
-        t = self.trainer
-        return {"policy_version": t.policy_version, "updates": t.updates,
-                "critic_optimizer_steps": t.critic_optimizer_steps, "policy_optimizer_steps": t.policy_optimizer_steps}
+        """This rank's trainer's counters (`SAOTrainer.state_dict`)."""
+        return self.trainer.state_dict()
 
     def close(self) -> None:
         self.dp.close()

@@ -34,7 +34,7 @@ from typing import Any
 import ray
 
 from sao_harness.core.errors import UserError
-from sao_harness.harness.engines import make_engine
+from sao_harness.harness.engines import engine_spec, make_engine
 from sao_harness.harness.episode import EpisodeContext
 from sao_harness.harness.proxy import ProxyServer, UnknownEpisode
 from sao_harness.harness.runner import env_spec, run_with_retries
@@ -84,15 +84,25 @@ def is_loopback_url(url: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+def engine_kwargs(cfg) -> dict:
+    """What a replica's engine takes of the trainer's sections: ``bucket_bytes`` (``runtime.weight_bucket_mb``)
+    for a kind that re-buckets weight updates (``EngineSpec.weight_buckets``)."""
+    if engine_spec(cfg.engine.kind).weight_buckets:
+        return {"bucket_bytes": int(cfg.runtime.weight_bucket_mb * 2**20)}
+    return {}
+
+
 @ray.remote(num_cpus=0)
 class EngineActor:
-    """An engine replica and its proxy (`proxy.host`, a free port). `cfg.model.path` is a resolved local path."""
+    """An engine replica and its proxy (`proxy.host`, a free port). `cfg.model.path` is a resolved local path;
+    `tasks`: the run's, for an engine that serves them (`make_engine`: expert)."""
 
-    def __init__(self, cfg, version: int = 0):
+    def __init__(self, cfg, version: int = 0, tasks: list | None = None):
         from transformers import AutoTokenizer  # lazy: heavy
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-        engine = env_spec(cfg.trainer.env).make_stand_in(cfg, tokenizer) or make_engine(cfg)
+        engine = (env_spec(cfg.trainer.env).make_stand_in(cfg, tokenizer)
+                  or make_engine(cfg, tasks=tasks, **engine_kwargs(cfg)))
         if cfg.trainer.router_replay == "on" and not getattr(engine, "returns_routes", False):
             engine.close()
             raise UserError(f"trainer.router_replay=on: the {engine.kind} engine returns no routed experts for "

@@ -299,7 +299,8 @@ class TrainRun:
             engine_cfg = cfg.model_copy(deep=True)
             engine_cfg.model.path = str(self.ckpt / "policy")
         self.engines = EngineReplicas(engine_cfg, self.feed, make_weight_sync(cfg.runtime, cfg.engine.kind, log),
-                                      session=self.session, counters=self.counters, log=log, weights=self._weights)
+                                      session=self.session, counters=self.counters, log=log, weights=self._weights,
+                                      tasks=self.tasks)
         self.stack.callback(self.engines.stop)
         self.engines.start(self.trainer.policy_version)
         urls = ", ".join(f"{name} {info['url']}" for name, info in self.engines.infos.items())

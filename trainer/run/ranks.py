@@ -57,8 +57,12 @@ class Ranks:
         return get(refs, self.timeout, f"{what} on {self.world_size} trainer ranks")[0]
 
     def _refresh(self, what: str = "the trainer's counters") -> None:
-        for k, v in get(self.actors[0].counters.remote(), self.timeout, what).items():
-            setattr(self, k, v)
+        self.load_state_dict(get(self.actors[0].counters.remote(), self.timeout, what))
+
+    def load_state_dict(self, state: dict) -> None:
+        """Rank 0's counters as this driver's view (the ranks restore their own from the checkpoint)."""
+        for k in SAOTrainer.COUNTERS:
+            setattr(self, k, state[k])
 
     def state_dict(self) -> dict[str, int]:
         """Rank 0's counters (`SAOTrainer.state_dict`; the ranks restore theirs from the checkpoint)."""

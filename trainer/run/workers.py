@@ -63,8 +63,8 @@ class EngineReplicas:
     """The engine replicas of `cfg` (the run config each replica gets: its engine, proxy and model.path); `weights()`
     -> (version, state dict) gives a replacement the current weights."""
 
-    def __init__(self, cfg, feed, sync, *, session: str, counters: Counters, weights=None, log=print):
-        self.cfg, self.feed, self.sync = cfg, feed, sync
+    def __init__(self, cfg, feed, sync, *, session: str, counters: Counters, weights=None, tasks=None, log=print):
+        self.cfg, self.feed, self.sync, self.tasks = cfg, feed, sync, tasks  # tasks: for an engine that serves them
         self.session, self.counters, self.weights, self.log = session, counters, weights, log
         self.timeout, self.publish_timeout = cfg.runtime.actor_timeout_s, cfg.runtime.publish_timeout_s
         self.actors: dict[str, object] = {}  # replica name -> actor, in rank order
@@ -90,7 +90,7 @@ class EngineReplicas:
         """All replicas, serving `version` (the weights of `cfg.model.path`)."""
         names = [f"r{i}" for i in range(self.cfg.engine.replicas)]
         for name in names:
-            self.actors[name] = EngineActor.options(**self._options(name)).remote(self.cfg, version)
+            self.actors[name] = EngineActor.options(**self._options(name)).remote(self.cfg, version, self.tasks)
         for name in names:
             self._serve(name)
         self.sync.connect(self.actors)
@@ -122,7 +122,7 @@ class EngineReplicas:
         new = []
         for name in dead:
             fresh = f"{name.split('.')[0]}.{self.counters.engine_deaths}"
-            self.actors[fresh] = EngineActor.options(**self._options(fresh)).remote(self.cfg, 0)
+            self.actors[fresh] = EngineActor.options(**self._options(fresh)).remote(self.cfg, 0, self.tasks)
             new.append(fresh)
         for name in new:
             get(self.actors[name].info.remote(), self.timeout, f"starting engine replica {name}")
