@@ -139,6 +139,21 @@ def start_policy(cfg: HarnessConfig, tasks: list[Task] | None = None):
     return engine, proxy
 
 
+def _episodes_to_run(cfg: HarnessConfig, tasks: list[Task], log) -> tuple[TraceStore, list[Task], RolloutStats]:
+    """The run's trace store (partial shards cleaned), the episodes still to run (one entry per episode:
+    ``rollout.episodes_per_task`` less those the store holds), and the stats counting the skipped ones."""
+    store = TraceStore(cfg.run.dir)
+    store.clean_partial()
+    done = completed_counts(store)
+    per_task = cfg.rollout.episodes_per_task
+    todo = [t for t in tasks for _ in range(max(0, per_task - done.get(t.instance_id, 0)))]
+    stats = RolloutStats(total=len(tasks) * per_task)
+    stats.skipped = stats.total - len(todo)
+    if stats.skipped:
+        log(f"resuming {cfg.run.dir}: {stats.skipped} episode(s) already in the trace store")
+    return store, todo, stats
+
+
 def run_rollout(cfg: HarnessConfig, tasks: list[Task], *, engine=None, proxy=None, grade: bool = True,
                 on_trajectory=None, images_ready: bool = False, log=print) -> RolloutStats:
     """Run ``rollout.episodes_per_task`` episodes of each of ``tasks`` with the settings of ``cfg``.
@@ -150,15 +165,7 @@ def run_rollout(cfg: HarnessConfig, tasks: list[Task], *, engine=None, proxy=Non
     stored; ``images_ready``: the caller built or pulled the tasks' images (``sao eval``), not done again.
     ``TooManyInfraErrors`` after the summary when the run stopped on ``rollout.max_infra_frac`` (module doc)."""
     runnable = list(tasks)
-    store = TraceStore(cfg.run.dir)
-    store.clean_partial()
-    done = completed_counts(store)
-    per_task = cfg.rollout.episodes_per_task
-    todo = [t for t in runnable for _ in range(max(0, per_task - done.get(t.instance_id, 0)))]
-    stats = RolloutStats(total=len(runnable) * per_task)
-    stats.skipped = stats.total - len(todo)
-    if stats.skipped:
-        log(f"resuming {cfg.run.dir}: {stats.skipped} episode(s) already in the trace store")
+    store, todo, stats = _episodes_to_run(cfg, runnable, log)
     if not todo:
         log("nothing to do: every task has its trajectories")
         return stats

@@ -51,7 +51,7 @@ def test_the_wheel_holds_the_namespace_and_the_bundled_tasks_not_the_suite(insta
     infos = zipfile.ZipFile(installed[2]).infolist()
     names = [i.filename for i in infos]
     assert not [n for i, n in zip(infos, names) if (i.external_attr >> 16) & 0o170000 == 0o120000]  # files, no links
-    assert "sao_harness/trainer/gae.py" in names and "sao_harness/harness/engines/registry.py" in names
+    assert "sao_harness/trainer/algo/gae.py" in names and "sao_harness/harness/engines/registry.py" in names
     assert any(n.startswith("sao_harness/tasks/bundled/tasks/") and n.endswith("/task.yaml") for n in names)
     assert not [n for n in names if n.startswith(("sao_harness/tasks/suite", "core/", "trainer/", "tests/"))]
 
