@@ -21,9 +21,15 @@ from sao_harness.harness.config import HarnessConfig
 from sao_harness.harness.engines import registry
 from sao_harness.harness.engines.config import DEFAULT_KIND, EngineBase
 from sao_harness.harness.testbeds.config import SimulatedConfig
-from sao_harness.trainer.config import ClusterConfig, RuntimeConfig, SFTConfig, TrainerConfig, ValuePretrainConfig
+from sao_harness.trainer.config import (
+    FLOAT16_UNSUPPORTED,
+    ClusterConfig,
+    RuntimeConfig,
+    SFTConfig,
+    TrainerConfig,
+    ValuePretrainConfig,
+)
 from sao_harness.trainer.gpu_plan import plan as gpu_plan
-from sao_harness.trainer.modeling.precision import FLOAT16_UNSUPPORTED
 
 __all__ = ["MOVED_KEYS", "Config", "config_table", "dump_config", "load_config"]
 

@@ -14,6 +14,11 @@ from pydantic import Field, field_validator, model_validator
 from sao_harness.core.config import Section
 from sao_harness.harness.runner import check_env
 
+# model.dtype float16 refused: trainer.modeling.precision.autocast at training time, sao.config at load time
+FLOAT16_UNSUPPORTED = ("model.dtype: float16 is not supported by the trainer, use bfloat16 or float32: fp16 "
+                       "autocast needs loss scaling (gradients below fp16's ~6e-8 flush to zero, above 65504 "
+                       "overflow) and the trainer has no loss scaler; bfloat16 has fp32's range")
+
 
 class TrainerConfig(Section):
     """`sao train`: the loop, the advantage estimator, the policy loss, the critic and the optimisers."""

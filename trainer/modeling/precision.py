@@ -18,6 +18,8 @@ import contextlib
 import torch
 from torch import nn
 
+from sao_harness.trainer.config import FLOAT16_UNSUPPORTED
+
 
 def model_dtype(module: nn.Module) -> torch.dtype:
     """The dtype of the module's floating-point parameters (the dtype it was loaded in)."""
@@ -34,9 +36,6 @@ def to_master_weights(module: nn.Module) -> nn.Module:
     return module.float()
 
 
-FLOAT16_UNSUPPORTED = ("model.dtype: float16 is not supported by the trainer, use bfloat16 or float32: fp16 "
-                       "autocast needs loss scaling (gradients below fp16's ~6e-8 flush to zero, above 65504 "
-                       "overflow) and the trainer has no loss scaler; bfloat16 has fp32's range")
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
