@@ -66,8 +66,7 @@ TASKS = ["sao-harness__minicfg-8", "sao-harness__spanlib-8", "sao-harness__table
 HEADER = "| fault | episodes affected | infra errors | retried | traces lost | recovered |"
 FAULTS = ("engine_restart", "oom_kill", "disk_full", "worker_kill", "engine_kill", "hang")
 MODES = ("rollout", "train")
-BATCH = 2  # trajectories per step of a train row
-TRAIN = [f"trainer.batch_size={BATCH}", "trainer.save_every=1", "runtime.batch_timeout_s=300",
+TRAIN = ["trainer.batch_size=2", "trainer.max_steps=2", "trainer.save_every=1", "runtime.batch_timeout_s=300",
          "runtime.poll_interval_s=0.2"]
 DISK_FS = "64m"
 DELAY_S = 1.5  # seconds per reply of the rollout's own expert engine
@@ -353,18 +352,16 @@ def resume_rollout(cfg, tasks, out: Outcome, tries: int = 2) -> str:
 
 
 def train_case(fault: str, inject: Callable[[list], object], *, tasks=TASKS[:2], extra=(), root: Path | None = None,
-               need: int = 2, before_resume=None, steps: int = 1) -> Outcome:
-    """`sao train` (real actors, B=2, `steps` steps) with `inject(sandboxes)` while `need` episodes of the first
-    step run; a run stopped by the fault is run again (it resumes from its checkpoint). One step is the
-    fault-free result a fault in the first step must still reach; a row whose fault leaves something the next
-    step needs (a replaced engine replica takes the next publish) runs two."""
+               need: int = 2, before_resume=None) -> Outcome:
+    """`sao train` (real actors, B=2, 2 steps) with `inject(sandboxes)` while `need` episodes run; a run
+    stopped by the fault is run again (it resumes from its checkpoint)."""
     from sao_harness.trainer.run.loop import train
     from sao_harness.trainer.run.ray_utils import LoopError
 
     out = Outcome(fault, "train")
     root = root or out.temp_root()
     name = f"faults-{fault}-t{os.getpid()}-{int(time.time()) % 100000}"
-    cfg = config(root, name, list(tasks), *TRAIN, f"trainer.max_steps={steps}", *extra)
+    cfg = config(root, name, list(tasks), *TRAIN, *extra)
     out.run_dir = cfg.run.dir
     inj = Injector(name, inject, need=need)
     inj.run_dir = cfg.run.dir
@@ -405,7 +402,7 @@ def train_case(fault: str, inject: Callable[[list], object], *, tasks=TASKS[:2],
         state = read_state(latest_checkpoint(cfg.run.dir))
         by_id = {t.traj_id: t for t in trajs}
         trained = [by_id[i] for i in state["consumed"] if by_id[i].reward is not None]
-        out.recovered = (state["step"] == steps and state["policy_version"] == steps and len(trained) == steps * BATCH
+        out.recovered = (state["step"] == 2 and state["policy_version"] == 2 and len(trained) == 4
                          and all(t.reward == 1.0 and t.status == Status.OK for t in trained))
         c = summary["counters"]
         counts = ", ".join(f"{k}={c[k]}" for k in (INFRA_ERRORS, "worker_deaths", "engine_deaths") if c.get(k))
@@ -590,7 +587,7 @@ class _Dying:
 
 def engine_kill(mode: str) -> Outcome:
     if mode == "train":
-        return train_case("engine_kill", _kill_replica, steps=2)  # the replacement takes step 1's weights
+        return train_case("engine_kill", _kill_replica)
     holder: dict = {}
 
     def wrap(engine):
