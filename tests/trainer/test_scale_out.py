@@ -172,6 +172,25 @@ def test_a_replica_that_dies_during_a_publish_is_replaced_and_the_publish_redone
     assert [r["rollout/engine_version"] for r in read_metrics(cfg.run.dir)] == [1, 2, 3]
 
 
+def test_a_replica_whose_weight_call_raises_is_a_loop_error_naming_it(ray_session):
+    """A replica that is alive but whose update call raised (vLLM: its engine core died, EngineError) is a
+    LoopError naming the replica, as a dead actor is: what `EngineReplicas.publish` replaces and redoes (a raw
+    RayTaskError escaped it, and a vLLM core killed during a broadcast ended the run)."""
+    import ray
+
+    from sao_harness.trainer.run.ray_utils import LoopError
+
+    @ray.remote(num_cpus=0)
+    class Replica:
+        def update_weights(self, version, weights, timeout):
+            raise ValueError("engine core died")
+
+    replica = Replica.remote()
+    with pytest.raises(LoopError, match=r"publishing weights version 3 to engine replica r0: ValueError: engine core"):
+        weight_sync._wait_all({"r0": replica.update_weights.remote(3, {}, 5)}, 3, 5)
+    ray.kill(replica)
+
+
 @pytest.mark.slow
 def test_local_multi_node_cluster(project_root, tmp_path, monkeypatch):
     """Three raylets on 127.0.0.1: a head (the trainer), an `engine` node with 2 replicas, a `docker`

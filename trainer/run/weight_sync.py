@@ -154,9 +154,18 @@ class CollectiveSync:
 
 
 def _wait_all(refs: dict, version: int | None, timeout_s: float) -> dict:
-    """Each replica's answer; a `LoopError` naming the first replica that failed or did not answer."""
+    """Each replica's answer; a `LoopError` naming the first replica that failed (its actor died, or its call
+    raised: a vLLM replica whose engine core died answers EngineError) or did not answer."""
+    from ray.exceptions import RayTaskError  # lazy: heavy
+
     what = "joining the weight group" if version is None else f"publishing weights version {version}"
-    return {name: get(ref, timeout_s + 30, f"{what} to engine replica {name}") for name, ref in refs.items()}
+    out = {}
+    for name, ref in refs.items():
+        try:
+            out[name] = get(ref, timeout_s + 30, f"{what} to engine replica {name}")
+        except RayTaskError as e:
+            raise LoopError(f"{what} to engine replica {name}: {type(e.cause).__name__}: {e.cause}") from None
+    return out
 
 
 def make_weight_sync(rt, engine_kind: str, log=print):
