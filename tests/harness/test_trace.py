@@ -106,11 +106,12 @@ DEFINITION = re.compile(r"\s*[A-Z][A-Z_]* = \x22infra")  # a member or a constan
 
 
 def infra_literals(root: Path) -> list[str]:
-    """``path:line: text`` of each string starting with infra in the *.py files under ``root`` (hidden
-    folders left out) that is not a definition in an enum module."""
+    """``path:line: text`` of each string starting with infra in the *.py files under ``root`` (hidden folders
+    and build outputs left out: build/ holds copies after a wheel build) that is not a definition in an enum
+    module."""
     found = []
     for folder, subdirs, files in os.walk(root):
-        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d not in ("build", "dist"))
         for name in sorted(f for f in files if f.endswith(".py")):
             path = Path(folder) / name
             rel = path.relative_to(root).as_posix()
