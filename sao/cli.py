@@ -10,6 +10,7 @@ the config is validated before any work, and a bad one is a one-line error with 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import os
@@ -206,5 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
+def run() -> None:
+    """The `sao` command: `main()`, then exit. `gc.freeze()` first: the interpreter's last collections at exit
+    then skip every object alive, about 2 s less CPU for a process that imported torch and the OpenHands SDK
+    (the modules are still torn down and every exit handler runs)."""
+    rc = main()
+    gc.freeze()
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -6,6 +6,7 @@ Every test that uses the Docker engine, directly or through another fixture, is 
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import uuid
@@ -94,3 +95,9 @@ def pytest_sessionfinish(session, exitstatus):
     """The OpenHands SDK raises logging to INFO; keep torch's exit-time statistics out of the summary."""
     for name in ["torch", *[n for n in logging.root.manager.loggerDict if n.startswith("torch.")]]:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def pytest_unconfigure(config):
+    """The interpreter's last collections at exit skip every object alive (~3 s less for a session that imported
+    torch and the OpenHands SDK)."""
+    gc.freeze()

@@ -90,24 +90,30 @@ def run_capped(container, cmd, *, timeout_s: float, cap_bytes: int, workdir: str
     exec_id = api.exec_create(container.id, cmd, workdir=workdir, user=user)["Id"]
     chunks: list[bytes] = []
     state = {"size": 0, "over": False, "error": None}
+    done = threading.Event()  # the stream ended or went over the cap
 
     def read() -> None:
         try:
             for chunk in api.exec_start(exec_id, stream=True):
+                if state["over"]:
+                    continue  # drained, not kept, till the kill ends it: unread, it held the kill and stop up 10 s each
                 room = cap_bytes - state["size"]
                 if len(chunk) > room:
                     chunks.append(chunk[:room])
                     state["size"], state["over"] = cap_bytes, True
-                    return
+                    done.set()
+                    continue
                 chunks.append(chunk)
                 state["size"] += len(chunk)
         except Exception as e:  # the stream broke (container killed, engine gone)
             state["error"] = e
+        finally:
+            done.set()
 
     reader = threading.Thread(target=read, daemon=True, name="sao-grade-exec")
     reader.start()
-    reader.join(timeout_s)
-    timed_out = reader.is_alive() and not state["over"]
+    done.wait(timeout_s)
+    timed_out = not done.is_set()
     if state["over"] or timed_out:
         _kill(container)
         reader.join(10)

@@ -54,6 +54,7 @@ def _run(bench, fault, mode, request):
     return out
 
 
+@pytest.mark.exclusive  # every sandbox of the machine dies with the engine: make test runs it alone
 @pytest.mark.parametrize("mode", ["rollout", "train"])
 def test_engine_restart(bench, docker_engine, mode, request):
     if ProjectEngine(DockerConfig().state_dir).pid() is None:

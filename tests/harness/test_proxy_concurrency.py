@@ -1,6 +1,7 @@
 """Several episodes at once: correct, separate traces (hf engine), and as many turns in flight as
 rollout workers (a sleeping engine)."""
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -65,31 +66,39 @@ def test_concurrent_episodes_give_separate_exact_traces(server):
 
 
 class InFlight(SleepEngine):
-    """SleepEngine that counts the generate calls running at once (``peak``)."""
+    """SleepEngine whose calls wait together, counting the most running at once (``peak``): each waits until
+    ``all_in`` calls have run at once or ``hold_s`` after the first call began (a capped proxy never lets all in),
+    so no call waits longer than the test needs."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, all_in: int, hold_s: float, *args, **kwargs):
+        super().__init__(0.0, *args, **kwargs)
+        self.all_in, self.hold_s = all_in, hold_s
         self.running = self.peak = 0
-        self._count = threading.Lock()
+        self.deadline: float | None = None
+        self._gate = threading.Condition()
 
     def generate(self, prompt_ids, sampling, timeout=None):
-        with self._count:
+        with self._gate:
             self.running += 1
             self.peak = max(self.peak, self.running)
+            self.deadline = self.deadline or time.monotonic() + self.hold_s
+            self._gate.notify_all()
+            while self.peak < self.all_in and (left := self.deadline - time.monotonic()) > 0:
+                self._gate.wait(left)
         try:
             return super().generate(prompt_ids, sampling, timeout)
         finally:
-            with self._count:
+            with self._gate:
                 self.running -= 1
 
 
-def peak_turns_in_flight(workers: int, episodes: int, turn_s: float = 1.0) -> int:
+def peak_turns_in_flight(workers: int, episodes: int, hold_s: float) -> int:
     """``episodes`` concurrent one-turn episodes (one HTTP connection each) through a proxy configured for
-    ``rollout.workers=workers`` in front of an engine that sleeps ``turn_s`` per call: the most engine
-    calls in flight at once."""
+    ``rollout.workers=workers`` in front of an engine whose calls wait until all ``episodes`` are in or
+    ``hold_s`` after the first began (``InFlight``): the most engine calls in flight at once."""
     cfg = load_config(None, [f"model.cache_dir={REPO / '.cache' / 'sao'}", f"rollout.workers={workers}"])
     tok = AutoTokenizer.from_pretrained(ensure_tiny_model(cfg.model.cache_dir, 0))
-    engine = InFlight(turn_s, len(tok), tok.convert_tokens_to_ids("<|im_end|>"))
+    engine = InFlight(episodes, hold_s, len(tok), tok.convert_tokens_to_ids("<|im_end|>"))
     proxy = ProxyServer(engine, tok, cfg, model_name="tiny")
     url = proxy.start() + "/chat/completions"
     codes: list[int] = []
@@ -119,6 +128,7 @@ def test_turns_in_flight_follow_rollout_workers():
     """64 workers (the flagship config): all 64 episodes' turns are in the engine at once (anyio's
     default 40-thread pool, which served them before, capped this at 40); fewer workers than the
     floor keep its 40 threads; more episodes than workers wait for a thread (bounded, not unbounded)."""
-    assert peak_turns_in_flight(workers=64, episodes=64) == 64
-    assert peak_turns_in_flight(workers=2, episodes=48, turn_s=0.5) == 40
-    assert peak_turns_in_flight(workers=50, episodes=64, turn_s=0.5) == 50
+    assert peak_turns_in_flight(workers=64, episodes=64, hold_s=30) == 64  # released once all 64 are in
+    # capped: the hold (one turn before: 0.5 s) lets in every call the cap admits, and no more come
+    assert peak_turns_in_flight(workers=2, episodes=48, hold_s=0.5) == 40
+    assert peak_turns_in_flight(workers=50, episodes=64, hold_s=0.5) == 50

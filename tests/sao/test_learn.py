@@ -138,7 +138,7 @@ def test_sao_learn_runs_every_stage_end_to_end(tmp_path, project_root, docker_en
     args = [sys.executable, "-m", "sao_harness.sao.cli", "learn", "--config", str(project_root / "configs/learn.yaml"),
             f"run.root={tmp_path}", "run.name=mini", f"model.cache_dir={project_root / '.cache/sao'}",
             "learn.train_tasks=[sao-harness__spanlib-5]", "learn.heldout_tasks=[sao-harness__tablefmt-9]",
-            "learn.samples=1", "learn.minutes=0.1", "sft.max_steps=2", "trainer.batch_size=4",
+            "learn.samples=1", "learn.minutes=0.1", "sft.max_steps=2", "trainer.batch_size=2",
             "rollout.max_retries=0", "agent.max_iterations=2", "learn.value_episodes=2", "value_pretrain.max_steps=2",
             "learn.arms=[sao]"]
     r = subprocess.run(args, cwd=project_root, capture_output=True, text=True, timeout=1200)

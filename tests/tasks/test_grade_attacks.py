@@ -27,7 +27,7 @@ FINDINGS = {"oracle": ORACLE_FINDING, "marks": MARKS_FINDING, "coin": COIN_FINDI
 GENERIC = "sao-harness__minicfg-11"  # families 1, 2, 3, 5, 6 (every graded assert compares a call with a literal)
 IDS = (GENERIC, "sao-harness__spanlib-19")  # family 4: both tasks of attacks.HARDCODED
 COIN_TRIES = 6  # the round-3 guard rewarded about 1 grading in 8; the same-process mutants leave it none
-HANG_TIMEOUT_S = 20  # the hanging mutation run is stopped here (an honest grade of these tasks: 3-4 s under load)
+HANG_TIMEOUT_S = 10  # the hanging run is stopped here (each run of an honest grade: 2.5 s under load, 5.5 s at 3x)
 
 
 @pytest.fixture(scope="module")

@@ -21,12 +21,13 @@ from __future__ import annotations
 import datetime
 import socket
 import time
-
-import torch
+from typing import TYPE_CHECKING
 
 from sao_harness.harness.engines.registry import engine_spec, weight_sync_transport
-from sao_harness.harness.engines.vllm_weights import pack, plan, unpack
 from sao_harness.trainer.run.ray_utils import LoopError, get
+
+if TYPE_CHECKING:
+    import torch
 
 
 def free_port(host: str) -> int:
@@ -73,6 +74,10 @@ def receive_buckets(group, buckets: list[dict], device):
     """The replica side of a publish, one bucket at a time (a generator of name -> tensor views of that
     bucket's buffer): an engine that streams weights (`VLLMEngine.update_weights_stream`) never holds
     the whole state dict."""
+    import torch  # lazy: the rollout workers and the task feed import this module and need no torch
+
+    from sao_harness.harness.engines.vllm_weights import unpack  # lazy: imports torch
+
     for bucket in buckets:
         buf = torch.empty(bucket["nbytes"], dtype=torch.uint8, device=device)
         broadcast(group, buf)
@@ -135,6 +140,8 @@ class CollectiveSync:
                  f"{self.host}:{port} ({time.monotonic() - t0:.1f}s)")
 
     def publish(self, replicas: dict, version: int, weights: dict[str, torch.Tensor], timeout_s: float) -> dict:
+        from sao_harness.harness.engines.vllm_weights import pack, plan  # lazy: imports torch
+
         self.connect(replicas)
         buckets = plan(weights, self.bucket_bytes)
         refs = {name: a.receive_weights.remote(version, buckets, timeout_s) for name, a in replicas.items()}
