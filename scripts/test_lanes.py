@@ -16,9 +16,12 @@ The last line is the whole run: its wall time and each part's pytest summary.
 """
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +31,7 @@ RAY_LANE = ["tests/sao/test_learn.py", "tests/sao/test_paper_run.py", "tests/tra
             "tests/trainer/test_distributed.py", "tests/harness/test_faults.py", "tests/envs/test_images_pull.py"]
 NOT_EXCLUSIVE = ["-m", "not exclusive"]
 NO_TESTS = 5  # pytest's exit status when it selected no test
+SUMMARY = re.compile(r"^\d+ (passed|failed|errors?|skipped|deselected)\b.* in [\d.]+s\b")
 
 
 def pytest(args: list[str], **kw) -> subprocess.Popen:
@@ -41,8 +45,8 @@ def exclusive_files() -> list[str]:
 
 
 def summary(text: str) -> str:
-    """pytest's last line ("N passed, M skipped in Xs"), without its '=' frame."""
-    lines = [line.strip("= ") for line in text.splitlines() if line.startswith("=") and " in " in line]
+    """pytest's last line ("1 failed, 47 passed, 2 skipped, 3 warnings in 81.20s (0:01:21)"), without a '=' frame."""
+    lines = [line.strip("= ") for line in text.splitlines() if SUMMARY.match(line.strip("= "))]
     return lines[-1] if lines else "no summary (see the output above)"
 
 
@@ -50,42 +54,50 @@ def clock(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
+def stream(proc: subprocess.Popen) -> tuple[str, int]:
+    """Echo `proc`'s output as it comes (pytest's progress dots too); (all of it, its exit status)."""
+    out = []
+    while chunk := os.read(proc.stdout.fileno(), 65536):
+        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.flush()
+        out.append(chunk)
+    return b"".join(out).decode(errors="replace"), proc.wait()
+
+
 def main(argv: list[str]) -> int:
     t0 = time.monotonic()
-    rest_args = [f"--ignore={p}" for p in RAY_LANE]
     print(f"make test: lane ray ({', '.join(RAY_LANE)}) and lane rest (every other test) at once, "
           "then the exclusive tests", flush=True)
     with tempfile.NamedTemporaryFile("w+", prefix="sao-test-rest-", suffix=".log") as log:
-        rest = pytest([*argv, *NOT_EXCLUSIVE, *rest_args, "tests"], stdout=log, stderr=subprocess.STDOUT)
-        ray = pytest([*argv, *NOT_EXCLUSIVE, *RAY_LANE], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                     text=True)
-        ray_out = []
-        for line in ray.stdout:
-            sys.stdout.write(line)
-            ray_out.append(line)
-        ray_rc = ray.wait()
-        rest_rc = rest.wait()
+        rest = pytest([*argv, *NOT_EXCLUSIVE, *[f"--ignore={p}" for p in RAY_LANE], "tests"], stdout=log,
+                      stderr=subprocess.STDOUT)
+        rest_done = []  # the lane's wall time, said as soon as it ends (lane ray's output is streaming)
+
+        def wait_rest() -> None:
+            rest.wait()
+            rest_done.append(time.monotonic() - t0)
+            print(f"\n[lane rest finished after {clock(rest_done[0])}; its output follows lane ray's]", flush=True)
+
+        waiter = threading.Thread(target=wait_rest)
+        waiter.start()
+        ray_out, ray_rc = stream(pytest([*argv, *NOT_EXCLUSIVE, *RAY_LANE], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT))
+        waiter.join()
         log.seek(0)
         rest_out = log.read()
     lanes_s = time.monotonic() - t0
-    print(f"\n--- lane rest (ran beside lane ray; done {clock(lanes_s)} after the start) ---", flush=True)
+    print(f"\n--- lane rest (beside lane ray: {clock(rest_done[0])}) ---", flush=True)
     sys.stdout.write(rest_out)
     print("\n--- exclusive: the tests that stop the Docker engine, alone ---", flush=True)
-    ex_out, ex_rc = [], NO_TESTS
-    if exclusive_files():
-        exclusive = pytest([*argv, "-m", "exclusive", *exclusive_files()], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-        for line in exclusive.stdout:
-            sys.stdout.write(line)
-            ex_out.append(line)
-        ex_rc = exclusive.wait()
-    codes = {"ray": ray_rc, "rest": rest_rc, "exclusive": 0 if ex_rc == NO_TESTS else ex_rc}
-    parts = (f"ray: {summary(''.join(ray_out))}; rest: {summary(rest_out)}; "
-             f"exclusive: {summary(''.join(ex_out))}")
+    files = exclusive_files()
+    ex_out, ex_rc = stream(pytest([*argv, "-m", "exclusive", *files], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT)) if files else ("", NO_TESTS)
+    codes = {"ray": ray_rc, "rest": rest.returncode, "exclusive": 0 if ex_rc == NO_TESTS else ex_rc}
     failed = [name for name, rc in codes.items() if rc != 0]
     status = f"FAILED in {', '.join(failed)}" if failed else "passed"
     print(f"\nmake test: {status} in {clock(time.monotonic() - t0)} (lanes {clock(lanes_s)} at once, then "
-          f"exclusive) | {parts}", flush=True)
+          f"exclusive) | ray: {summary(ray_out)}; rest: {summary(rest_out)}; exclusive: {summary(ex_out)}",
+          flush=True)
     return 1 if failed else 0
 
 

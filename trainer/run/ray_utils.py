@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 import time
 
+STARTUP_TIMEOUT = "timed out during startup"  # Ray's message when its raylet has not registered within 30 s
+STARTUP_ATTEMPTS = 2
+
 
 class LoopError(RuntimeError):
     """The loop cannot go on (a timeout, a dead engine, workers dying); the message says why."""
@@ -21,6 +24,7 @@ def start_ray(ray_address: str | None, log=print) -> bool:
     local start sets that switch: then every Ray server binds 127.0.0.1 only. It also keeps Ray's workers
     at niceness 0: Ray starts them at 15 by default (`worker_niceness`), where beside two busy processes an
     engine replica gets about 3% of a core and its start-up takes over five minutes instead of under one.
+    Ray waits a fixed 30 s for its raylet to register; on a node too busy for that, the start is tried once more.
     """
     import ray  # lazy: heavy
 
@@ -35,8 +39,17 @@ def start_ray(ray_address: str | None, log=print) -> bool:
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported Ray already
     t0 = time.monotonic()
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True,
-             _temp_dir=f"/tmp/sao-ray-{os.getuid()}", _system_config={"worker_niceness": 0})
+    for attempt in range(1, STARTUP_ATTEMPTS + 1):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True,
+                     _temp_dir=f"/tmp/sao-ray-{os.getuid()}", _system_config={"worker_niceness": 0})
+            break
+        except Exception as e:  # Ray's own exception type: only the message tells this one apart
+            if STARTUP_TIMEOUT not in str(e) or attempt == STARTUP_ATTEMPTS:
+                raise
+            ray.shutdown()
+            log(f"ray: the local raylet did not register within Ray's fixed 30 s (a busy node); "
+                f"starting again ({attempt + 1}/{STARTUP_ATTEMPTS})")
     gcs = ray.get_runtime_context().gcs_address
     if not gcs.startswith("127.0.0.1:"):
         ray.shutdown()
