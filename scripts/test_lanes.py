@@ -1,18 +1,24 @@
-"""`make test`: the suite as two pytest lanes at once, then the tests that need the machine alone.
+"""`make test`: the suite as pytest jobs, two at a time, so that both cores stay busy to the end.
 
-The suite alone keeps two cores 73% busy: the Ray runs (trainer, `sao` end to end, injected faults) wait
-on their actors and the Docker tests (sandboxes, grading) mostly on one Python thread driving the engine.
-Run side by side, each fills the other's idle time:
+The suite is CPU-bound: about 2,800 s of tests on two cores. It is split into jobs by path and marker, and
+every test runs in exactly one job (tests/core/test_lanes.py checks the split):
 
-- lane `ray`: the files in RAY_LANE, the tests that start Ray (so one Ray session is up at a time);
-- lane `rest`: every other test;
-- then `exclusive`: tests marked `exclusive` (they stop the Docker engine every sandbox runs on).
+- `ray docker`: the tests of RAY_LANE (the files that start Ray) that use the Docker engine;
+- `docker`: every other test that uses the Docker engine;
+- `plain`, `ray plain 1..3`: the tests that use no Docker engine: RAY_GROUPS (the long Ray files) in three
+  jobs, everything else in `plain`;
+- `exclusive`: the tests that restart the Docker engine (they kill every sandbox of the machine). It starts
+  as a third job once both Docker jobs are done: the jobs beside it then use no sandbox.
 
-Lane `ray` streams its output; lane `rest` writes to a log that is printed when both have finished. Every
-test runs exactly once: the lanes split the paths, the marker takes the exclusive tests out of both.
-The last line is the whole run: its wall time and each part's pytest summary.
+Two jobs run at a time, the Docker ones first, then the others in the order of `jobs()` (the longest first,
+as measured); a job starts as soon as a core is free. The jobs after the Docker ones are all CPU-bound, so
+each of their processes has one OpenMP thread (OMP_NUM_THREADS=1, unless set already): two threads in each
+spin against the other job's, and their torch tests took 80% more CPU. The Docker jobs keep torch's threads:
+the `docker` job waits on sandboxes half its time, and the trainer beside it uses the idle core
+(docs/results/2026-12-07-test-budget.md). Each job's output is printed when it ends. The last line is the
+whole run: its wall time and each job's pytest summary.
 
-    python scripts/test_lanes.py [pytest options, e.g. --timeout=900 --durations=25]
+    python scripts/test_lanes.py [pytest options, e.g. --timeout=900 --durations=15]
 """
 from __future__ import annotations
 
@@ -21,82 +27,118 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RAY_LANE = ["tests/sao/test_learn.py", "tests/sao/test_paper_run.py", "tests/trainer/test_train_loop.py",
             "tests/trainer/test_scale_out.py", "tests/trainer/test_learn_toy.py", "tests/trainer/test_train_swe.py",
             "tests/trainer/test_distributed.py", "tests/harness/test_faults.py", "tests/envs/test_images_pull.py"]
-NOT_EXCLUSIVE = ["-m", "not exclusive"]
+RAY_GROUPS = [["tests/sao/test_paper_run.py", "tests/trainer/test_learn_toy.py"],  # ~370 s
+              ["tests/trainer/test_train_loop.py", "tests/trainer/test_scale_out.py"],  # ~310 s
+              ["tests/trainer/test_distributed.py"]]  # ~95 s
+DOCKER, PLAIN, EXCLUSIVE = "docker and not exclusive", "not docker and not exclusive", "exclusive"
+SLOTS = 2  # jobs at a time, `exclusive` aside: the machine's two cores
 NO_TESTS = 5  # pytest's exit status when it selected no test
 SUMMARY = re.compile(r"^\d+ (passed|failed|errors?|skipped|deselected)\b.* in [\d.]+s\b")
 
 
-def pytest(args: list[str], **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pytest", "-q", *args], cwd=ROOT, **kw)
+@dataclass
+class Job:
+    """One pytest run: `paths` (None: all of tests/ but `ignore`) and the tests of them that `marker` selects."""
+
+    name: str
+    marker: str
+    paths: list[str] | None = None
+    ignore: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+    log: object = None
+    started: float = 0.0
+    ended: float | None = None
+
+    def args(self) -> list[str]:
+        return ["-m", self.marker, *(self.paths or [f"--ignore={p}" for p in self.ignore] + ["tests"])]
+
+    def files(self, all_files: list[str]) -> list[str]:
+        """The test files this job collects, of `all_files` (paths relative to the checkout)."""
+        return [f for f in all_files if (f in self.paths if self.paths else f not in self.ignore)]
+
+
+def jobs() -> list[Job]:
+    """The jobs, in the order they start (`exclusive` last: it waits for both Docker jobs)."""
+    grouped = [p for group in RAY_GROUPS for p in group]
+    return [Job("ray docker", DOCKER, paths=RAY_LANE), Job("docker", DOCKER, ignore=RAY_LANE),
+            Job("plain", PLAIN, ignore=grouped),
+            *[Job(f"ray plain {i}", PLAIN, paths=group) for i, group in enumerate(RAY_GROUPS, 1)],
+            Job("exclusive", EXCLUSIVE, paths=exclusive_files())]
+
+
+def test_files() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py"))
 
 
 def exclusive_files() -> list[str]:
     """The test files that mark a test `exclusive` (collecting only them saves the ~30 s a whole collection takes)."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                  if "mark.exclusive" in p.read_text())
+    return [f for f in test_files() if "mark.exclusive" in (ROOT / f).read_text()]
 
 
 def summary(text: str) -> str:
     """pytest's last line ("1 failed, 47 passed, 2 skipped, 3 warnings in 81.20s (0:01:21)"), without a '=' frame."""
     lines = [line.strip("= ") for line in text.splitlines() if SUMMARY.match(line.strip("= "))]
-    return lines[-1] if lines else "no summary (see the output above)"
+    return lines[-1] if lines else "no summary (see its output above)"
 
 
 def clock(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
-def stream(proc: subprocess.Popen) -> tuple[str, int]:
-    """Echo `proc`'s output as it comes (pytest's progress dots too); (all of it, its exit status)."""
-    out = []
-    while chunk := os.read(proc.stdout.fileno(), 65536):
-        sys.stdout.write(chunk.decode(errors="replace"))
-        sys.stdout.flush()
-        out.append(chunk)
-    return b"".join(out).decode(errors="replace"), proc.wait()
-
-
 def main(argv: list[str]) -> int:
     t0 = time.monotonic()
-    print(f"make test: lane ray ({', '.join(RAY_LANE)}) and lane rest (every other test) at once, "
-          "then the exclusive tests", flush=True)
-    with tempfile.NamedTemporaryFile("w+", prefix="sao-test-rest-", suffix=".log") as log:
-        rest = pytest([*argv, *NOT_EXCLUSIVE, *[f"--ignore={p}" for p in RAY_LANE], "tests"], stdout=log,
-                      stderr=subprocess.STDOUT)
-        rest_done = []  # the lane's wall time, said as soon as it ends (lane ray's output is streaming)
+    queue = jobs()
+    exclusive = queue.pop()
+    docker_jobs = [j for j in queue if j.marker == DOCKER]
+    one_thread = {"OMP_NUM_THREADS": "1", **os.environ}
+    print(f"make test: {len(queue) + 1} pytest jobs, {SLOTS} at a time ({', '.join(j.name for j in queue)}), "
+          "then `exclusive` beside the Docker-free ones", flush=True)
 
-        def wait_rest() -> None:
-            rest.wait()
-            rest_done.append(time.monotonic() - t0)
-            print(f"\n[lane rest finished after {clock(rest_done[0])}; its output follows lane ray's]", flush=True)
+    def start(job: Job) -> None:
+        job.log = tempfile.TemporaryFile("w+")
+        job.proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", *argv, *job.args()], cwd=ROOT,
+                                    stdout=job.log, stderr=subprocess.STDOUT,
+                                    env=os.environ if job.marker == DOCKER else one_thread)
+        job.started = time.monotonic()
+        print(f"[{clock(job.started - t0)}] {job.name}: started", flush=True)
 
-        waiter = threading.Thread(target=wait_rest)
-        waiter.start()
-        ray_out, ray_rc = stream(pytest([*argv, *NOT_EXCLUSIVE, *RAY_LANE], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT))
-        waiter.join()
-        log.seek(0)
-        rest_out = log.read()
-    lanes_s = time.monotonic() - t0
-    print(f"\n--- lane rest (beside lane ray: {clock(rest_done[0])}) ---", flush=True)
-    sys.stdout.write(rest_out)
-    print("\n--- exclusive: the tests that stop the Docker engine, alone ---", flush=True)
-    files = exclusive_files()
-    ex_out, ex_rc = stream(pytest([*argv, "-m", "exclusive", *files], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT)) if files else ("", NO_TESTS)
-    codes = {"ray": ray_rc, "rest": rest.returncode, "exclusive": 0 if ex_rc == NO_TESTS else ex_rc}
-    failed = [name for name, rc in codes.items() if rc != 0]
+    def finish(job: Job) -> None:
+        job.ended = time.monotonic()
+        job.log.seek(0)
+        out = job.log.read()
+        job.log.close()
+        job.log = out
+        print(f"\n--- {job.name} ({' '.join(job.args())}) ---\n{out}", flush=True)
+        print(f"[{clock(job.ended - t0)}] {job.name}: ended after {clock(job.ended - job.started)}: {summary(out)}",
+              flush=True)
+
+    done: list[Job] = []
+    running: list[Job] = []
+    while queue or running or exclusive.proc is None:
+        while queue and sum(j is not exclusive for j in running) < SLOTS:
+            running.append(queue.pop(0))
+            start(running[-1])
+        if exclusive.proc is None and all(j in done for j in docker_jobs):
+            running.append(exclusive)
+            start(exclusive)
+        for job in [j for j in running if j.proc.poll() is not None]:
+            running.remove(job)
+            finish(job)
+            done.append(job)
+        time.sleep(0.5)
+
+    failed = [j.name for j in done if j.proc.returncode not in (0, NO_TESTS)]
     status = f"FAILED in {', '.join(failed)}" if failed else "passed"
-    print(f"\nmake test: {status} in {clock(time.monotonic() - t0)} (lanes {clock(lanes_s)} at once, then "
-          f"exclusive) | ray: {summary(ray_out)}; rest: {summary(rest_out)}; exclusive: {summary(ex_out)}",
+    parts = "; ".join(f"{j.name}: {summary(j.log)}" for j in done)
+    print(f"\nmake test: {status} in {clock(time.monotonic() - t0)} ({len(done)} jobs, {SLOTS} at a time) | {parts}",
           flush=True)
     return 1 if failed else 0
 

@@ -129,6 +129,7 @@ def test_turns_in_flight_follow_rollout_workers():
     default 40-thread pool, which served them before, capped this at 40); fewer workers than the
     floor keep its 40 threads; more episodes than workers wait for a thread (bounded, not unbounded)."""
     assert peak_turns_in_flight(workers=64, episodes=64, hold_s=30) == 64  # released once all 64 are in
-    # capped: the hold (one turn before: 0.5 s) lets in every call the cap admits, and no more come
-    assert peak_turns_in_flight(workers=2, episodes=48, hold_s=0.5) == 40
-    assert peak_turns_in_flight(workers=50, episodes=64, hold_s=0.5) == 50
+    # capped: the hold (one turn before: 2 s, time for every admitted call on a loaded machine) lets in every
+    # call the cap admits, and no more come
+    assert peak_turns_in_flight(workers=2, episodes=48, hold_s=2.0) == 40
+    assert peak_turns_in_flight(workers=50, episodes=64, hold_s=2.0) == 50

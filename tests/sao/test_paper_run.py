@@ -4,7 +4,8 @@ arms and rules), every run a real `sao train` on the chain test-bed, with SAO sa
 negated (a `sitecustomize` on the runs' PYTHONPATH patches `trainer.algo.objective.training_advantages`
 for the asynchronous GAE arm only). A sabotaged SAO is never `reproduced`: the claim line says
 contradicted or inconclusive. The run is killed midway once and resumed with --resume, which reruns
-only the unfinished runs."""
+only the unfinished runs. Every `sao train` joins one Ray of the module (`runtime.ray_address`), as runs
+join a cluster: a Ray start of each, two at once, beside other tests can miss Ray's fixed 30 s start."""
 from __future__ import annotations
 
 import json
@@ -42,18 +43,32 @@ QUICK = ["paper.claims=[C2]", "paper.quick_steps=3", "paper.quick_seeds=2", "pap
          "trainer.batch_size=8", "rollout.workers=2", "paper.parallel=2"]
 
 
+@pytest.fixture(scope="module")
+def ray_address():
+    """A local Ray (127.0.0.1 only) for the module; the paper's runs join it."""
+    import ray
+
+    from sao_harness.trainer.run.ray_utils import start_ray
+
+    started = start_ray(None, log=lambda m: None)
+    yield ray.get_runtime_context().gcs_address
+    if started:
+        ray.shutdown()
+
+
 def _sao(args, env, **kw):
     return subprocess.Popen([sys.executable, "-m", "sao_harness.sao.cli", "paper", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 @pytest.mark.slow
-def test_a_sabotaged_sao_is_never_reproduced_and_a_killed_run_resumes(tmp_path):
+def test_a_sabotaged_sao_is_never_reproduced_and_a_killed_run_resumes(tmp_path, ray_address):
     site = tmp_path / "sabotage"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SABOTAGE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-    args = ["--quick", "--config", "configs/paper.yaml", f"run.root={tmp_path}", *QUICK]
+    args = ["--quick", "--config", "configs/paper.yaml", f"run.root={tmp_path}", *QUICK,
+            f"runtime.ray_address={ray_address}"]
 
     first = _sao(args, env, start_new_session=True)
     lines = []
