@@ -96,9 +96,8 @@ def clock(seconds: float) -> str:
 def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     queue = jobs()
-    exclusive = queue.pop()
     one_thread = {"OMP_NUM_THREADS": "1", **os.environ}
-    print(f"make test: {len(queue) + 1} pytest jobs, {SLOTS} at a time ({', '.join(j.name for j in queue)}), "
+    print(f"make test: {len(queue)} pytest jobs, {SLOTS} at a time ({', '.join(j.name for j in queue[:-1])}), "
           "then `exclusive` alone", flush=True)
 
     def start(job: Job) -> None:
@@ -121,13 +120,10 @@ def main(argv: list[str]) -> int:
 
     done: list[Job] = []
     running: list[Job] = []
-    while queue or running or exclusive.proc is None:
-        while queue and sum(j is not exclusive for j in running) < SLOTS:
+    while queue or running:
+        while queue and len(running) < SLOTS and (queue[0].marker != EXCLUSIVE or not running):
             running.append(queue.pop(0))
             start(running[-1])
-        if exclusive.proc is None and not queue and not running:
-            running.append(exclusive)
-            start(exclusive)
         for job in [j for j in running if j.proc.poll() is not None]:
             running.remove(job)
             finish(job)
